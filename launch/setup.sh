@@ -22,9 +22,12 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$VENV/bin/pip" install -q --upgrade pip
 fi
 stamp="$VENV/.requirements.sha256"
-want="$(cat "$ROOT"/requirements.txt "$ROOT"/requirements-test.txt | sha256sum | cut -d' ' -f1)"
+reqs=("$ROOT/requirements.txt" "$ROOT/requirements-test.txt")
+# TPU hosts (TR_TPU=1, set by launch/tpu_pod.sh) also get jax[tpu] and vllm-tpu.
+[ "${TR_TPU:-0}" = "1" ] && reqs+=("$ROOT/requirements-tpu.txt")
+want="$(cat "${reqs[@]}" | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "[setup] installing requirements"
-  "$VENV/bin/pip" install -q -r "$ROOT/requirements.txt" -r "$ROOT/requirements-test.txt"
+  "$VENV/bin/pip" install -q $(printf -- '-r %s ' "${reqs[@]}")
   echo "$want" > "$stamp"
 fi

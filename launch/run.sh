@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The README's main command: set up (if needed), then run the main job on the embedded default
+# (CPU, tiny model, the built-in task suite, the local bubblewrap sandbox).
+#   bash launch/run.sh [CONFIG[:variant]] [more absl flags...]
+# Outputs go to $TR_WORKDIR (default: workdir/<config name>).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$ROOT/launch/setup.sh"
+CONFIG="${1:-experiments/evaluate.py}"
+shift || true
+name="$(basename "${CONFIG%%:*}" .py)"
+[[ "$CONFIG" == *:* ]] && name="${name}_${CONFIG##*:}"
+WORKDIR="${TR_WORKDIR:-$ROOT/workdir/$name}"
+cd "$ROOT"
+exec "$ROOT/.venv/bin/python" experiments/main.py --config="$CONFIG" --workdir="$WORKDIR" "$@"
