@@ -1,0 +1,137 @@
+"""Static checks shared by the loaders: test discovery, test-script reading, shell syntax."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+from tr.envs.tasks.model import Problem, VerifierSpec, script_interpreter, split_turns, test_functions
+from tr.envs.verifier import PENALTY_PREFIX
+
+_INSTALLS = re.compile(
+    r"\b(pip3?\s+install|uv\s+(pip|add|venv|sync|run)|uvx|curl|wget|apt(-get)?\s+install|conda)\b"
+)
+_PYTEST = re.compile(r"\bpytest\b")
+_TEST_FILE_REF = re.compile(r"([\w./${}-]*?)(test_[\w-]+\.py|[\w-]+_test\.py)")
+
+
+def find_test_files(tests_dir: Path) -> list[str]:
+    """pytest's default collection over a tests dir: test_*.py and *_test.py, sorted, relative."""
+    if not tests_dir.is_dir():
+        return []
+    found = {
+        p.relative_to(tests_dir).as_posix()
+        for pattern in ("test_*.py", "*_test.py")
+        for p in tests_dir.rglob(pattern)
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+    return sorted(found)
+
+
+def runs_pytest(script: str) -> bool:
+    """Does a test script (run-tests.sh / test.sh) run pytest (ignoring comment lines)?"""
+    code = "\n".join(line for line in script.splitlines() if not line.lstrip().startswith("#"))
+    return bool(_PYTEST.search(code))
+
+
+def pytest_spec_from_script(script: str, script_name: str, tests_dir: Path) -> VerifierSpec:
+    """Replace a pytest-running test script by an offline `$TR_PYTHON -m pytest` over its files.
+
+    The files are those the script names that exist in the tests dir, else every test file.
+    """
+    all_files = find_test_files(tests_dir)
+    named = []
+    for match in _TEST_FILE_REF.finditer(script):
+        base = match.group(2)
+        for rel in all_files:
+            if rel.rsplit("/", 1)[-1] == base and rel not in named:
+                named.append(rel)
+    installs = bool(_INSTALLS.search(script))
+    why = "installs pytest over the network" if installs else "runs pytest"
+    note = (f"{script_name} {why}; tr runs `$TR_PYTHON -m pytest` on "
+            f"{', '.join(named or all_files) or 'the tests dir'} instead (offline)")
+    return VerifierSpec(kind="pytest", test_files=tuple(named or all_files), note=note)
+
+
+def shell_syntax_problems(text: str, file: str, label: str) -> list[Problem]:
+    """`bash -n` on a script; unterminated heredocs count as errors."""
+    try:
+        proc = subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [Problem(file, None, f"{label}: cannot check shell syntax ({exc})")]
+    err = proc.stderr.strip().replace("bash: ", "")
+    if proc.returncode != 0:
+        return [Problem(file, None, f"{label}: shell syntax error (bash -n): {err[:300]}")]
+    if "here-document" in err:
+        return [Problem(file, None, f"{label}: {err[:300]} (a heredoc must not contain a blank "
+                        "line: blank lines separate turns)")]
+    return []
+
+
+def solution_problems(path: Path, file: str, text: str, *, as_turns: bool,
+                      syntax: bool = True) -> list[Problem]:
+    """A solution script must hold commands and be runnable: every turn (or the whole) parses.
+
+    `syntax=False` skips the `bash -n` runs (the cheap checks only)."""
+    if as_turns:
+        turns = split_turns(text)
+        if not turns:
+            return [Problem(file, None, "empty: no command outside comments")]
+        problems = []
+        interpreter = script_interpreter(text)
+        if text.startswith("#!") and interpreter[-1].rsplit("/", 1)[-1] not in ("bash", "sh"):
+            problems.append(Problem(file, None, f"shebang {' '.join(interpreter)!r}: turns run in "
+                                    "bash; write the solution as shell commands"))
+        for index, turn in enumerate(turns if syntax else (), start=1):
+            first = turn.splitlines()[0][:60]
+            problems += shell_syntax_problems(turn, file, f"turn {index} ({first!r})")
+        return problems
+    if not any(line.strip() and not line.lstrip().startswith("#") for line in text.splitlines()):
+        return [Problem(file, None, "empty: no command outside comments")]
+    interpreter = script_interpreter(text)
+    if syntax and interpreter[-1].rsplit("/", 1)[-1] in ("bash", "sh"):
+        return shell_syntax_problems(text, file, "script")
+    return []
+
+
+def test_file_problems(tests_dir: Path, test_files: tuple[str, ...], rel_tests: str) -> tuple[
+        list[Problem], set[str]]:
+    """Parse every test file; return problems and the test names found (`f`, `Class::f`)."""
+    problems, names = [], set()
+    for rel in test_files:
+        path = tests_dir / rel
+        file = f"{rel_tests}/{rel}"
+        try:
+            found = test_functions(path)
+        except SyntaxError as exc:
+            problems.append(Problem(file, None, f"Python syntax error at line {exc.lineno}: {exc.msg}"))
+            continue
+        except UnicodeDecodeError:
+            problems.append(Problem(file, None, "is not valid UTF-8 text"))
+            continue
+        except OSError as exc:
+            problems.append(Problem(file, None, f"cannot be read: {exc.strerror}"))
+            continue
+        if not found:
+            problems.append(Problem(file, None, "defines no test function (def test_...)"))
+        names.update(found)
+        names.update(n.split("::")[-1] for n in found)
+    return problems, names
+
+
+def gate_problems(spec: VerifierSpec, names: set[str]) -> list[Problem]:
+    """final_gate / required must name existing scenario tests."""
+    problems = []
+    if spec.final_gate is not None:
+        if spec.final_gate not in names:
+            problems.append(Problem("task.toml", "verifier.final_gate",
+                                    f"{spec.final_gate!r} is not a test function in tests/"))
+        elif spec.final_gate.split("::")[-1].startswith(PENALTY_PREFIX):
+            problems.append(Problem("task.toml", "verifier.final_gate",
+                                    f"{spec.final_gate!r} is a penalty check, not a scenario check"))
+    for name in spec.required or ():
+        if name not in names:
+            problems.append(Problem("task.toml", "verifier.required",
+                                    f"{name!r} is not a test function in tests/"))
+    return problems

@@ -1,0 +1,122 @@
+"""Loader for Terminal-Bench 1 tasks: task.yaml, solution.sh, run-tests.sh, tests/, Dockerfile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from tr.envs.tasks import checks
+from tr.envs.tasks.fields import FieldReader, read_text
+from tr.envs.tasks.model import (
+    DEFAULT_AGENT_TIMEOUT_S, DEFAULT_MAX_TURNS, DEFAULT_VERIFIER_TIMEOUT_S, TASK_ID_RE, Budgets,
+    Environment, Problem, Task, VerifierSpec,
+)
+
+
+def _instruction(f: FieldReader) -> str | None:
+    """`instruction`, or (older TB1) the `base` entry of `descriptions`."""
+    value = f.data.get("instruction")
+    if value is None and isinstance(f.data.get("descriptions"), list):
+        for entry in f.data["descriptions"]:
+            if isinstance(entry, dict) and entry.get("key") == "base":
+                value = entry.get("description")
+        if value is None:
+            f.problem("descriptions", "has no entry with key 'base'")
+            return None
+    if value is None:
+        f.problem("instruction", "missing (required)")
+        return None
+    if not isinstance(value, str):
+        f.problem("instruction", f"expected a string, got {type(value).__name__}")
+        return None
+    if not value.strip():
+        f.problem("instruction", "is empty")
+        return None
+    return value
+
+
+def load(task_dir: Path, *, deep: bool = False) -> tuple[Task | None, list[Problem]]:
+    problems: list[Problem] = []
+    text = read_text(task_dir / "task.yaml", "task.yaml", problems, what="task metadata")
+    if text is None:
+        return None, problems
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        problems.append(Problem("task.yaml", None, f"cannot parse YAML: {exc}".replace("\n", " ")))
+        return None, problems
+    if not isinstance(data, dict):
+        problems.append(Problem("task.yaml", None, f"expected a mapping at top level, got "
+                                f"{type(data).__name__}"))
+        return None, problems
+    f = FieldReader("task.yaml", data, problems)
+    instruction = _instruction(f)
+    tier = f.tier("difficulty", default="medium")
+    family = f.string("category", default="uncategorized") or "uncategorized"
+    tags = f.string_list("tags") or ()
+    budgets = Budgets(
+        agent_timeout_s=f.positive_number("max_agent_timeout_sec", DEFAULT_AGENT_TIMEOUT_S),
+        max_turns=DEFAULT_MAX_TURNS,
+        verifier_timeout_s=f.positive_number("max_test_timeout_sec", DEFAULT_VERIFIER_TIMEOUT_S),
+    )
+    parser = f.string("parser_name", default="pytest")
+    if parser is not None and parser != "pytest":
+        f.problem("parser_name", f"parser {parser!r} is not supported (only pytest)")
+    if not TASK_ID_RE.match(task_dir.name):
+        problems.append(Problem(task_dir.name, None, "task id (the directory name) must match "
+                                f"{TASK_ID_RE.pattern}"))
+
+    spec = _verifier(task_dir, problems)
+
+    dockerfile = task_dir / "Dockerfile"
+    if dockerfile.is_file():
+        environment = Environment(kind="dockerfile", dockerfile=dockerfile)
+    elif (task_dir / "docker-compose.yaml").is_file() or (task_dir / "docker-compose.yml").is_file():
+        problems.append(Problem("docker-compose.yaml", None, "multi-container tasks (docker-compose) "
+                                "are not supported; give a Dockerfile"))
+        environment = Environment()
+    else:
+        environment = Environment(kind="none")
+
+    solution = None
+    solution_path = task_dir / "solution.sh"
+    if solution_path.exists():
+        script = read_text(solution_path, "solution.sh", problems, what="solution script")
+        if script is not None:
+            problems.extend(checks.solution_problems(solution_path, "solution.sh", script,
+                                                     as_turns=False, syntax=deep))
+            solution = solution_path
+
+    if problems:
+        return None, problems
+    return Task(
+        id=task_dir.name, family=family, tier=tier, instruction=instruction,
+        environment=environment, tests_dir=task_dir / "tests", verifier=spec, budgets=budgets,
+        solution=solution, source_dir=task_dir, layout="tb1", tags=tags,
+    ), problems
+
+
+def _verifier(task_dir: Path, problems: list[Problem]) -> VerifierSpec | None:
+    tests_dir = task_dir / "tests"
+    run_tests = task_dir / "run-tests.sh"
+    if not tests_dir.is_dir():
+        problems.append(Problem("tests/", None, "missing: the task has no tests directory"))
+        return None
+    if not run_tests.exists():
+        problems.append(Problem("run-tests.sh", None, "missing (it says how the tests run)"))
+        return None
+    script = read_text(run_tests, "run-tests.sh", problems)
+    if script is None:
+        return None
+    if not checks.runs_pytest(script):
+        problems.append(Problem("run-tests.sh", None, "does not run pytest; only pytest-based "
+                                "Terminal-Bench 1 tests are supported"))
+        return None
+    spec = checks.pytest_spec_from_script(script, "run-tests.sh", tests_dir)
+    if not spec.test_files:
+        problems.append(Problem("tests/", None, "no tests: expected test_*.py files"))
+        return None
+    file_problems, _ = checks.test_file_problems(tests_dir, spec.test_files, "tests")
+    problems.extend(file_problems)
+    return spec
