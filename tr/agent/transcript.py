@@ -1,0 +1,182 @@
+"""The conversation of one episode, kept twice in lock-step: as chat messages (what text policies
+such as HTTP teachers read) and as token segments (what token policies read and what training uses).
+
+Token layout (ChatML-like, one tokenizer call per piece of *environment* text; generated ids are
+stored as sampled):
+
+    prompt       = <|im_start|>system\\n{system}<|im_end|>\\n<|im_start|>user\\n{task}<|im_end|>\\n
+    header       = <|im_start|>assistant\\n          (appended to the context before each generation)
+    action       = sampled ids (a text policy's reply is encoded once, + end-of-turn id)
+    observation  = [end-of-turn if the action was cut] \\n<|im_start|>user\\n{obs}<|im_end|>\\n
+
+``turn_ids``: prompt 0; the action of turn t and the observation answering it carry t; the header
+before action t+1 belongs to observation t.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Protocol
+
+from tr.agent.records import EpisodeRecord, Segment
+
+
+class Tokenizer(Protocol):
+    vocab_size: int
+    eos_id: int
+    pad_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class ChatLayout:
+    """Turns chat pieces into token ids with a given tokenizer (see the module docstring)."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.end_ids = [int(tokenizer.eos_id)]
+        self.header_ids = list(tokenizer.encode("<|im_start|>assistant\n"))
+
+    def prompt_ids(self, system: str, user: str) -> list[int]:
+        enc = self.tokenizer.encode
+        return (enc(f"<|im_start|>system\n{system}<|im_end|>\n")
+                + enc(f"<|im_start|>user\n{user}<|im_end|>\n"))
+
+    def action_ids(self, text: str) -> list[int]:
+        """Ids for a reply that came as text (scripted / HTTP): encoded once, + end-of-turn."""
+        return list(self.tokenizer.encode(text)) + self.end_ids
+
+    def user_ids(self, text: str, *, close_action: bool) -> list[int]:
+        close = self.end_ids if close_action else []
+        return close + list(self.tokenizer.encode(f"\n<|im_start|>user\n{text}<|im_end|>\n"))
+
+    def ends_turn(self, ids: Sequence[int]) -> bool:
+        return len(ids) > 0 and int(ids[-1]) in self.end_ids
+
+
+@dataclasses.dataclass
+class Generation:
+    """A policy's reply: text, and for token policies the sampled ids and behaviour logprobs."""
+
+    text: str
+    tokens: list[int] | None = None
+    logprobs: list[float] | None = None
+    finish_reason: str = "stop"  # "stop" | "length"
+    source: str = "policy"       # "policy" | "teacher"
+
+
+class Transcript:
+    """Messages + segments of one episode; mutated by the harness only."""
+
+    def __init__(self, layout: ChatLayout):
+        self.layout = layout
+        self.messages: list[dict[str, str]] = []
+        self.segments: list[Segment] = []
+        self.window = 0
+        self._awaiting_action = False
+        self._last_closed = True
+
+    # -- building -------------------------------------------------------------------------------
+    def start(self, system: str, user: str) -> None:
+        """Opens a context window with the system prompt and one user message."""
+        self.messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        self.segments.append(Segment("prompt", self.layout.prompt_ids(system, user), turn=0,
+                                     window=self.window, source="env"))
+        self._awaiting_action = False
+        self._last_closed = True
+
+    def inherit(self, parent: EpisodeRecord) -> None:
+        """Appends the last context window of ``parent`` (a failed attempt h_f) as context: its
+        actions become ``inherited`` segments (no loss, no behaviour logprobs)."""
+        w = max((s.window for s in parent.segments), default=0)
+        segs = [s for s in parent.segments if s.window == w]
+        if not segs:
+            raise ValueError(f"episode {parent.episode_id}: no segments to inherit")
+        for s in segs:
+            source = "inherited" if s.source in ("policy", "teacher") else s.source
+            self.segments.append(Segment(s.kind, list(s.tokens), s.turn, self.window, source, None))
+        last = self.segments[-1]
+        hdr = self.layout.header_ids
+        if last.kind not in ("action", "summary") and last.tokens[-len(hdr):] == hdr:
+            last.tokens = last.tokens[:-len(hdr)]
+        self._last_closed = last.kind not in ("action", "summary") or self.layout.ends_turn(last.tokens)
+        self._awaiting_action = False
+        self.messages = [dict(m) for m in parent.messages]
+
+    def add_user(self, text: str, turn: int, kind: str = "observation") -> None:
+        """An environment message (observation, format reminder, recovery or summary prompt)."""
+        ids = self.layout.user_ids(text, close_action=not self._last_closed)
+        self.segments.append(Segment(kind, ids, turn, self.window, "env"))
+        self.messages.append({"role": "user", "content": text})
+        self._last_closed = True
+        self._awaiting_action = False
+
+    def prompt_ids(self, turn_of_context: int) -> list[int]:
+        """The exact token context for the next generation (header appended once)."""
+        if not self._awaiting_action:
+            last = self.segments[-1]
+            if last.kind in ("action", "summary"):
+                raise RuntimeError("two generations in a row without an observation in between")
+            last.tokens = last.tokens + self.layout.header_ids
+            self._awaiting_action = True
+        return self.context_ids()
+
+    def add_generation(self, gen: Generation, turn: int, kind: str = "action") -> list[int]:
+        """Records a reply; returns the ids stored (sampled ids as they are, else encoded text)."""
+        if not self._awaiting_action:
+            self.prompt_ids(turn)
+        if gen.tokens is not None:
+            ids = [int(t) for t in gen.tokens]
+            lps = None if gen.logprobs is None else [float(x) for x in gen.logprobs]
+        else:
+            ids = self.layout.action_ids(gen.text)
+            lps = None
+        self.segments.append(Segment(kind, ids, turn, self.window, gen.source, lps))
+        self.messages.append({"role": "assistant", "content": gen.text})
+        self._awaiting_action = False
+        self._last_closed = self.layout.ends_turn(ids)
+        return ids
+
+    def new_window(self, system: str, user: str) -> None:
+        """Active summarisation: the history is replaced; later segments live in a new window."""
+        self.window += 1
+        self.start(system, user)
+
+    # -- reading --------------------------------------------------------------------------------
+    def context_ids(self) -> list[int]:
+        return [t for s in self.segments if s.window == self.window for t in s.tokens]
+
+    def context_len(self) -> int:
+        return sum(len(s.tokens) for s in self.segments if s.window == self.window)
+
+
+
+def transcript_from_messages(layout: ChatLayout, messages: Sequence[dict]) -> Transcript:
+    """Lays out a chat given as text (an HTTP request) exactly as an episode would have: assistant
+    texts are encoded once (+ end-of-turn).  Raises ValueError naming the bad message."""
+    msgs = list(messages)
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str) or m.get("role") not in (
+                "system", "user", "assistant"):
+            raise ValueError(f"messages[{i}]: expected {{'role': system|user|assistant, "
+                             f"'content': str}}, got {m!r:.200}")
+    system = ""
+    if msgs and msgs[0]["role"] == "system":
+        system = msgs.pop(0)["content"]
+    if not msgs or msgs[0]["role"] != "user":
+        raise ValueError("messages: the first non-system message must be a user message")
+    tr = Transcript(layout)
+    tr.start(system, msgs[0]["content"])
+    turn = 0
+    for i, m in enumerate(msgs[1:], start=1):
+        if m["role"] == "assistant":
+            turn += 1
+            tr.add_generation(Generation(text=m["content"]), turn)
+        elif m["role"] == "user":
+            tr.add_user(m["content"], turn)
+        else:
+            raise ValueError(f"messages[{i}]: a system message may only come first")
+    return tr
