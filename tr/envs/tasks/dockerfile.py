@@ -1,0 +1,284 @@
+"""Carrying out a simple Dockerfile on the local backend, without building an image.
+
+Supported: one `FROM` of a Debian/Ubuntu-based image, `WORKDIR`, `ENV`, `ARG`, `COPY`/`ADD` of
+files from the build context, `RUN` steps that work offline (executed inside the sandbox with
+`/bin/sh -c`, as Docker does), `USER root`; `CMD`, `ENTRYPOINT`, `LABEL`, `EXPOSE`, `VOLUME`,
+`MAINTAINER`, `HEALTHCHECK`, `STOPSIGNAL` are ignored. Anything else raises `NeedsDocker` naming
+the line: the task must run with `--backend docker`.
+
+`plan(dockerfile, context)` is pure (reads files, runs nothing); the runner executes the plan.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import posixpath
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+IGNORED = {"CMD", "ENTRYPOINT", "LABEL", "EXPOSE", "VOLUME", "MAINTAINER", "HEALTHCHECK",
+           "STOPSIGNAL"}
+
+# Base images whose userland matches the local sandbox's (Debian/Ubuntu, glibc).
+_LOCAL_BASES = re.compile(
+    r"^(?:docker\.io/)?(?:library/)?(debian|ubuntu|python|buildpack-deps)(?::(?P<tag>[\w.-]+))?$"
+    r"|^ghcr\.io/laude-institute/t-bench/(ubuntu-\d\d-\d\d|python-3-\d+)(?::[\w.-]+)?$"
+)
+
+# RUN steps that need the network (or install packages): refused on the local backend.
+_NETWORK = re.compile(
+    r"\b(apt(-get)?\s+(-\S+\s+)*(install|update|upgrade|dist-upgrade)|apk\s+add|yum\s+install|"
+    r"dnf\s+install|pip3?\s+install|python3?\s+-m\s+pip\s+install|uv\s+(pip|add|sync|tool|python)|"
+    r"uvx|curl|wget|git\s+clone|npm\s+(install|ci|i)\b|yarn\s+(install|add)|pnpm\s+(install|add)|"
+    r"conda\s+install|mamba\s+install|gem\s+install|cargo\s+(install|fetch|build)|go\s+(get|install|"
+    r"mod\s+download)|rustup|nvm\s+install)"
+)
+
+
+class DockerfileError(ValueError):
+    """The Dockerfile is malformed (a syntax problem), whatever the backend."""
+
+    def __init__(self, path: Path | str, lineno: int, message: str):
+        self.path, self.lineno = Path(path), lineno
+        super().__init__(f"{path}:{lineno}: {message}")
+
+
+class NeedsDocker(Exception):
+    """The Dockerfile uses something the local backend cannot carry out."""
+
+    def __init__(self, path: Path | str, lineno: int, line: str, reason: str):
+        self.path, self.lineno, self.reason = Path(path), lineno, reason
+        super().__init__(f"{path}:{lineno}: `{line[:120]}`: {reason}; this task needs the Docker "
+                         "backend (--backend docker)")
+
+
+@dataclass(frozen=True)
+class Instruction:
+    lineno: int
+    keyword: str  # upper case
+    args: str  # the rest of the (joined) line
+    text: str  # the original logical line
+
+
+@dataclass(frozen=True)
+class CopyStep:
+    lineno: int
+    sources: tuple[Path, ...]  # host paths inside the build context (files or directories)
+    dest: str  # absolute sandbox path
+    dest_is_dir: bool
+    chmod: int | None = None
+
+
+@dataclass(frozen=True)
+class RunStep:
+    lineno: int
+    command: str  # for /bin/sh -c
+    workdir: str
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LocalPlan:
+    base_image: str
+    workdir: str  # the final WORKDIR
+    env: dict[str, str]  # the final ENV
+    steps: tuple[CopyStep | RunStep, ...]
+
+
+def parse(text: str, path: Path | str = "Dockerfile") -> list[Instruction]:
+    """Logical lines (continuations joined, comments dropped) as instructions."""
+    instructions = []
+    pending: list[str] = []
+    start = 0
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        stripped = raw.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if pending and stripped.startswith("#"):
+            continue  # comment lines inside a continuation are dropped, as Docker does
+        if not pending:
+            start = lineno
+        if raw.rstrip().endswith("\\"):
+            pending.append(raw.rstrip()[:-1])
+            continue
+        pending.append(raw)
+        logical = " ".join(p.strip() for p in pending).strip()
+        pending = []
+        if not logical:
+            continue
+        keyword, _, args = logical.partition(" ")
+        if not re.fullmatch(r"[A-Za-z]+", keyword):
+            raise DockerfileError(path, start, f"not an instruction: {logical[:80]!r}")
+        instructions.append(Instruction(start, keyword.upper(), args.strip(), logical))
+    if pending:
+        raise DockerfileError(path, start, "the file ends inside a line continuation (\\)")
+    if not instructions:
+        raise DockerfileError(path, 1, "no instructions")
+    if instructions[0].keyword not in ("FROM", "ARG"):
+        raise DockerfileError(path, instructions[0].lineno, "the first instruction must be FROM")
+    return instructions
+
+
+def _substitute(value: str, variables: dict[str, str]) -> str:
+    """Docker-style `$VAR`, `${VAR}`, `${VAR:-default}` substitution."""
+
+    def repl(match: re.Match) -> str:
+        name = match.group(1) or match.group(3)
+        default = match.group(2)
+        got = variables.get(name, "")
+        return got if got or default is None else default
+
+    return re.sub(r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)", repl, value)
+
+
+def _exec_or_shell(args: str) -> list[str] | None:
+    """JSON exec form `["a", "b"]` -> list; shell form -> None."""
+    if args.startswith("["):
+        try:
+            value = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return value
+    return None
+
+
+def _key_values(args: str) -> list[tuple[str, str]]:
+    """`ENV A=1 B="x y"` or legacy `ENV A value with spaces`."""
+    if "=" in args.split(None, 1)[0]:
+        pairs = []
+        for word in shlex.split(args):
+            name, sep, value = word.partition("=")
+            if not sep or not name:
+                raise ValueError(f"expected NAME=value, got {word!r}")
+            pairs.append((name, value))
+        return pairs
+    name, _, value = args.partition(" ")
+    return [(name, value.strip())]
+
+
+def plan(dockerfile: Path, context: Path, default_workdir: str = "/") -> LocalPlan:
+    """Turn a Dockerfile into local steps, or raise NeedsDocker / DockerfileError."""
+    text = dockerfile.read_text(encoding="utf-8")
+    instructions = parse(text, dockerfile)
+    base = None
+    workdir = default_workdir
+    env: dict[str, str] = {}
+    args: dict[str, str] = {}
+    steps: list[CopyStep | RunStep] = []
+    for ins in instructions:
+        variables = {**args, **env}
+        if ins.keyword == "FROM":
+            if base is not None:
+                raise NeedsDocker(dockerfile, ins.lineno, ins.text, "multi-stage builds (a second "
+                                  "FROM) are not carried out locally")
+            words = _substitute(ins.args, variables).split()
+            words = [w for w in words if not w.startswith("--platform")]
+            if not words:
+                raise DockerfileError(dockerfile, ins.lineno, "FROM without an image")
+            if len(words) > 1 and words[1].upper() != "AS":
+                raise DockerfileError(dockerfile, ins.lineno, f"unexpected FROM arguments {words[1:]}")
+            base = words[0]
+            match = _LOCAL_BASES.match(base)
+            if not match or "alpine" in (match.group("tag") or ""):
+                raise NeedsDocker(dockerfile, ins.lineno, ins.text, f"base image {base!r} is not a "
+                                  "plain Debian/Ubuntu image the local sandbox can stand in for")
+        elif ins.keyword == "ARG":
+            name, _, value = ins.args.partition("=")
+            if not name.strip():
+                raise DockerfileError(dockerfile, ins.lineno, "ARG without a name")
+            args[name.strip()] = _substitute(value.strip().strip('"'), variables)
+        elif base is None:
+            raise DockerfileError(dockerfile, ins.lineno, f"{ins.keyword} before FROM")
+        elif ins.keyword == "ENV":
+            try:
+                pairs = _key_values(ins.args)
+            except ValueError as exc:
+                raise DockerfileError(dockerfile, ins.lineno, f"ENV: {exc}") from None
+            for name, value in pairs:
+                env[name] = _substitute(value, {**args, **env})
+        elif ins.keyword == "WORKDIR":
+            target = _substitute(ins.args.strip().strip('"'), variables)
+            if not target:
+                raise DockerfileError(dockerfile, ins.lineno, "WORKDIR without a path")
+            workdir = posixpath.normpath(posixpath.join(workdir, target))
+            steps.append(RunStep(ins.lineno, f"mkdir -p {shlex.quote(workdir)}", "/", {}))
+        elif ins.keyword == "RUN":
+            exec_form = _exec_or_shell(ins.args)
+            command = shlex.join(exec_form) if exec_form is not None else ins.args
+            if command.startswith("--"):
+                raise NeedsDocker(dockerfile, ins.lineno, ins.text, "RUN flags (--mount, "
+                                  "--network) need BuildKit")
+            hit = _NETWORK.search(command)
+            if hit:
+                raise NeedsDocker(dockerfile, ins.lineno, ins.text, f"`{hit.group(0)}` needs the "
+                                  "network or a package install")
+            steps.append(RunStep(ins.lineno, command, workdir, {**args, **env}))
+        elif ins.keyword in ("COPY", "ADD"):
+            steps.append(_copy_step(dockerfile, context, ins, workdir, variables))
+        elif ins.keyword == "USER":
+            user = ins.args.strip().split(":")[0]
+            if user not in ("root", "0"):
+                raise NeedsDocker(dockerfile, ins.lineno, ins.text, "a non-root USER is not carried "
+                                  "out locally")
+        elif ins.keyword in IGNORED:
+            continue
+        else:
+            raise NeedsDocker(dockerfile, ins.lineno, ins.text, f"{ins.keyword} is not supported "
+                              "on the local backend")
+    if base is None:
+        raise DockerfileError(dockerfile, 1, "no FROM instruction")
+    return LocalPlan(base_image=base, workdir=workdir, env=env, steps=tuple(steps))
+
+
+def _copy_step(dockerfile: Path, context: Path, ins: Instruction, workdir: str,
+               variables: dict[str, str]) -> CopyStep:
+    exec_form = _exec_or_shell(ins.args)
+    words = exec_form if exec_form is not None else shlex.split(ins.args)
+    chmod = None
+    while words and words[0].startswith("--"):
+        flag = words.pop(0)
+        name, _, value = flag[2:].partition("=")
+        if name == "chmod":
+            try:
+                chmod = int(value, 8)
+            except ValueError:
+                raise DockerfileError(dockerfile, ins.lineno, f"bad --chmod {value!r}") from None
+        elif name in ("chown", "link"):
+            continue
+        else:
+            raise NeedsDocker(dockerfile, ins.lineno, ins.text, f"{ins.keyword} --{name} is not "
+                              "carried out locally")
+    words = [_substitute(w, variables) for w in words]
+    if len(words) < 2:
+        raise DockerfileError(dockerfile, ins.lineno, f"{ins.keyword} needs a source and a destination")
+    *sources, dest = words
+    resolved: list[Path] = []
+    root = context.resolve()
+    for source in sources:
+        if re.match(r"^[a-z]+://", source) or source.startswith("git@"):
+            raise NeedsDocker(dockerfile, ins.lineno, ins.text, f"{ins.keyword} from a URL needs "
+                              "the network")
+        matches = sorted(glob.glob(str(context / source))) if any(c in source for c in "*?[") \
+            else [str(context / source)]
+        if not matches or not Path(matches[0]).exists():
+            raise DockerfileError(dockerfile, ins.lineno, f"{ins.keyword} source {source!r} does not "
+                                  f"exist in the build context {context}")
+        for m in matches:
+            path = Path(m)
+            try:
+                path.resolve().relative_to(root)
+            except ValueError:
+                raise DockerfileError(dockerfile, ins.lineno, f"{ins.keyword} source {source!r} is "
+                                      "outside the build context") from None
+            if ins.keyword == "ADD" and path.is_file() and re.search(
+                    r"\.(tar|tgz|tar\.\w+|txz|tbz2?)$", path.name):
+                raise NeedsDocker(dockerfile, ins.lineno, ins.text, "ADD of a tar archive (which "
+                                  "Docker unpacks) is not carried out locally")
+            resolved.append(path)
+    dest_is_dir = dest.endswith("/") or len(resolved) > 1 or resolved[0].is_dir()
+    absolute = posixpath.normpath(posixpath.join(workdir, dest))
+    return CopyStep(ins.lineno, tuple(resolved), absolute, dest_is_dir, chmod)

@@ -1,0 +1,273 @@
+"""Running a task in a sandbox: lay the environment down, play an attempt, run the verifier.
+
+    config = sandbox_config(task, backend)       # workdir / env (from the Dockerfile if any)
+    with make_sandbox(backend, config) as box:
+        prepare(task, box, backend)               # files + setup.sh, or the Dockerfile's steps
+        run_attempt(task, box, "solution")        # the reference solution, turn by turn
+        result = verify(task, box)                # protected verifier -> VerifierResult
+
+`run_task(task, attempt, backend)` does all four.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import tempfile
+import time
+from pathlib import Path
+
+from tr.envs import verifier as vr
+from tr.envs.tasks import dockerfile as dfile
+from tr.envs.tasks.model import Task, script_interpreter, split_turns
+
+ATTEMPTS = ("solution", "partial", "none")
+RESULTS_DIR = "/logs/verifier"
+TESTS_MOUNT = "/tests"
+SOLUTION_DIR = "/tmp/.tr-solution"
+SETUP_TIMEOUT_S = 300.0
+RUN_STEP_TIMEOUT_S = 300.0
+
+
+class TaskEnvironmentError(RuntimeError):
+    """The task's environment could not be laid down (not the agent's fault)."""
+
+
+class NeedsDocker(TaskEnvironmentError):
+    """The task cannot run on the local backend; the message says why and what to use."""
+
+
+# ---------------------------------------------------------------- sandbox set-up
+
+
+def local_plan(task: Task) -> dfile.LocalPlan | None:
+    """The Dockerfile's local plan (None when the task has no Dockerfile); NeedsDocker if it
+    cannot be carried out locally."""
+    env = task.environment
+    if env.kind != "dockerfile":
+        return None
+    try:
+        return dfile.plan(env.dockerfile, env.dockerfile.parent, default_workdir="/")
+    except dfile.NeedsDocker as exc:
+        raise NeedsDocker(str(exc)) from None
+    except (dfile.DockerfileError, OSError, UnicodeDecodeError) as exc:
+        raise TaskEnvironmentError(f"cannot read {env.dockerfile}: {exc}") from None
+
+
+def sandbox_config(task: Task, backend: str = "local", base=None):
+    """The SandboxConfig a task runs under: its workdir and ENV; on Docker, its image."""
+    from tr.envs.sandbox import SandboxConfig
+
+    config = base if base is not None else SandboxConfig()
+    env = task.environment
+    if backend == "local":
+        if env.kind == "image":
+            raise NeedsDocker(f"{task.source_dir}: the task only names a prebuilt image "
+                              f"({env.docker_image}); this task needs the Docker backend "
+                              "(--backend docker)")
+        plan = local_plan(task)
+        if plan is not None:
+            return dataclasses.replace(config, workdir=plan.workdir,
+                                       env={**config.env, **plan.env})
+        return dataclasses.replace(config, workdir=env.workdir)
+    if backend == "docker":
+        return dataclasses.replace(config, workdir=_docker_workdir(task),
+                                   image=docker_image(task) or config.image)
+    raise ValueError(f"unknown backend {backend!r}; expected 'local' or 'docker'")
+
+
+def _docker_workdir(task: Task) -> str:
+    if task.environment.kind == "dockerfile":
+        try:
+            return dfile.plan(task.environment.dockerfile, task.environment.dockerfile.parent,
+                              default_workdir="/").workdir
+        except (dfile.NeedsDocker, dfile.DockerfileError):
+            words = [line.split(None, 1) for line in
+                     task.environment.dockerfile.read_text().splitlines()]
+            workdirs = [w[1].strip() for w in words if len(w) == 2 and w[0].upper() == "WORKDIR"]
+            return workdirs[-1] if workdirs else "/app"
+    return task.environment.workdir
+
+
+def docker_image(task: Task) -> str | None:
+    """The Docker image a task runs in: built from its Dockerfile, or the one it names."""
+    env = task.environment
+    if env.kind == "dockerfile":
+        from tr.envs import images
+
+        return images.build_task_image(env.dockerfile, env.dockerfile.parent)
+    return env.docker_image
+
+
+def _copy_tree(sandbox, source: Path, dest: str, *, chmod: int | None = None) -> None:
+    """Copy a host file or directory tree to `dest` in the sandbox (file modes kept)."""
+    if source.is_file():
+        mode = chmod if chmod is not None else source.stat().st_mode & 0o777
+        sandbox.write_file(dest, source.read_bytes(), mode=mode)
+        return
+    files = sorted(p for p in source.rglob("*") if p.is_file())
+    dirs = sorted({dest} | {str(Path(dest) / p.parent.relative_to(source)) for p in files})
+    _must(sandbox.run_fresh("mkdir -p " + " ".join(shlex.quote(d) for d in dirs), timeout_s=60),
+          f"mkdir for {source}")
+    for path in files:
+        mode = chmod if chmod is not None else path.stat().st_mode & 0o777
+        sandbox.write_file(str(Path(dest) / path.relative_to(source)), path.read_bytes(), mode=mode)
+
+
+def _must(result, what: str):
+    if result.timed_out or result.exit_code != 0:
+        status = "timed out" if result.timed_out else f"exit code {result.exit_code}"
+        raise TaskEnvironmentError(f"{what} failed ({status}):\n{result.output[-2000:]}")
+    return result
+
+
+def prepare(task: Task, sandbox, backend: str = "local") -> None:
+    """Lay the task's initial state down in a started sandbox.
+
+    setup layout: copy environment/files into the workdir, then run setup.sh there (fresh bash).
+    dockerfile layout: on local, carry out the Dockerfile's steps; on docker the image has them.
+    """
+    env = task.environment
+    workdir = sandbox_config(task, "local").workdir if backend == "local" else _docker_workdir(task)
+    if env.kind == "setup":
+        if env.files_dir is not None:
+            _copy_tree(sandbox, env.files_dir, workdir)
+        if env.setup_script is not None:
+            script = env.setup_script.read_text(encoding="utf-8")
+            command = (f"mkdir -p {shlex.quote(workdir)} && cd {shlex.quote(workdir)} && "
+                       f"bash -c {shlex.quote(script)} setup.sh")
+            _must(sandbox.run_fresh(command, timeout_s=SETUP_TIMEOUT_S),
+                  f"{env.setup_script.relative_to(task.source_dir)}")
+    elif env.kind == "dockerfile" and backend == "local":
+        plan = local_plan(task)
+        for step in plan.steps:
+            where = f"{env.dockerfile.relative_to(task.source_dir)}:{step.lineno}"
+            if isinstance(step, dfile.CopyStep):
+                for source in step.sources:
+                    target = (str(Path(step.dest) / source.name)
+                              if step.dest_is_dir and source.is_file() else step.dest)
+                    _copy_tree(sandbox, source, target, chmod=step.chmod)
+            else:
+                exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in step.env.items())
+                command = (f"{exports}mkdir -p {shlex.quote(step.workdir)} && "
+                           f"cd {shlex.quote(step.workdir)} && /bin/sh -c {shlex.quote(step.command)}")
+                _must(sandbox.run_fresh(command, timeout_s=RUN_STEP_TIMEOUT_S), f"RUN at {where}")
+
+
+# ---------------------------------------------------------------- attempts
+
+
+def attempt_script(task: Task, attempt: str) -> Path | None:
+    if attempt not in ATTEMPTS:
+        raise ValueError(f"unknown attempt {attempt!r}; expected one of {ATTEMPTS}")
+    if attempt == "none":
+        return None
+    path = task.solution if attempt == "solution" else task.partial
+    if path is None:
+        what = "reference solution" if attempt == "solution" else "partial attempt (solution/partial.sh)"
+        raise ValueError(f"task {task.id} has no {what}")
+    return path
+
+
+def attempt_turns(task: Task, attempt: str) -> list[str]:
+    """The shell commands of an attempt, one per agent turn.
+
+    tr layout: the script's blank-line-separated blocks. Harbor / TB1: one turn that runs the
+    whole script (copied to /tmp/.tr-solution by `run_attempt`) with its interpreter.
+    """
+    path = attempt_script(task, attempt)
+    if path is None:
+        return []
+    text = path.read_text(encoding="utf-8")
+    if task.layout == "tr":
+        return split_turns(text)
+    interpreter = " ".join(shlex.quote(w) for w in script_interpreter(text))
+    return [f"{interpreter} {SOLUTION_DIR}/{path.name}"]
+
+
+def run_attempt(task: Task, sandbox, attempt: str) -> list:
+    """Play an attempt's turns in the sandbox's persistent shell; returns their CommandResults."""
+    path = attempt_script(task, attempt)
+    if path is None:
+        return []
+    if task.layout != "tr":
+        _copy_tree(sandbox, path.parent, SOLUTION_DIR)
+    results = []
+    deadline = time.monotonic() + task.budgets.agent_timeout_s
+    for turn in attempt_turns(task, attempt):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        results.append(sandbox.run(turn, timeout_s=left))
+    if task.layout != "tr":
+        sandbox.run_fresh(f"rm -rf {SOLUTION_DIR}", timeout_s=30)
+    return results
+
+
+# ---------------------------------------------------------------- verifier
+
+
+def verifier_command(task: Task, workdir: str) -> str:
+    """The shell command the protected runner executes (fresh shell, tests at /tests)."""
+    spec = task.verifier
+    cd = f"mkdir -p {RESULTS_DIR} && cd {shlex.quote(workdir)} && "
+    if spec.kind == "pytest":
+        files = " ".join(shlex.quote(f"{TESTS_MOUNT}/{rel}") for rel in spec.test_files)
+        return (f"{cd}TEST_DIR={TESTS_MOUNT} PYTHONDONTWRITEBYTECODE=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "
+                f"\"$TR_PYTHON\" -P -m pytest "
+                f"-q -rA -p no:cacheprovider --continue-on-collection-errors -o junit_family=xunit1 "
+                f"--junitxml={RESULTS_DIR}/{vr.JUNIT_FILENAME} {files}")
+    return f"{cd}TEST_DIR={TESTS_MOUNT} bash {TESTS_MOUNT}/{shlex.quote(spec.script)}"
+
+
+def verify(task: Task, sandbox, workdir: str | None = None) -> vr.VerifierResult:
+    """Run the task's verifier through the protected runner and score it."""
+    from tr.envs import protected
+
+    workdir = workdir or task.environment.workdir
+    command = verifier_command(task, workdir)
+    with tempfile.TemporaryDirectory(prefix="tr-verifier-") as out:
+        start = time.monotonic()
+        run = protected.run_verifier(sandbox, task.tests_dir, command,
+                                     timeout_s=task.budgets.verifier_timeout_s, output_dir=out)
+        duration = time.monotonic() - start
+        files = _read_results(Path(out))
+    if task.verifier.kind == "pytest":
+        result = vr.result_from_junit(
+            files.get(vr.JUNIT_FILENAME), exit_code=run.exit_code, timed_out=run.timed_out,
+            log=run.output, duration_s=duration, final_gate=task.verifier.final_gate,
+            required=task.verifier.required)
+    else:
+        result = vr.result_from_reward(files, exit_code=run.exit_code, timed_out=run.timed_out,
+                                       log=run.output, duration_s=duration)
+    return result.with_task(task.id, task.family, task.tier)
+
+
+def _read_results(out: Path) -> dict[str, str]:
+    """The result files the verifier wrote (searched under the copied-out directory)."""
+    wanted = (vr.JUNIT_FILENAME, *vr.REWARD_FILENAMES)
+    found: dict[str, str] = {}
+    for path in sorted(out.rglob("*")):
+        if path.is_file() and path.name in wanted and path.name not in found:
+            found[path.name] = path.read_text(encoding="utf-8", errors="replace")
+    return found
+
+
+def run_task(task: Task, attempt: str = "solution", backend: str = "local", *,
+             base_config=None) -> tuple[vr.VerifierResult, list]:
+    """Fresh sandbox -> prepare -> attempt -> verify. Environment failures become results with
+    error='environment'; NeedsDocker propagates (the caller asked for the wrong backend)."""
+    from tr.envs.sandbox import make_sandbox
+
+    attempt_script(task, attempt)  # fail early on a missing script
+    config = sandbox_config(task, backend, base_config)
+    with make_sandbox(backend, config) as sandbox:
+        try:
+            prepare(task, sandbox, backend)
+        except NeedsDocker:
+            raise
+        except TaskEnvironmentError as exc:
+            return vr.failure(vr.ERROR_ENVIRONMENT, str(exc)).with_task(
+                task.id, task.family, task.tier), []
+        turns = run_attempt(task, sandbox, attempt)
+        return verify(task, sandbox, config.workdir), turns
