@@ -64,8 +64,8 @@ def shell_syntax_problems(text: str, file: str, label: str) -> list[Problem]:
     if proc.returncode != 0:
         return [Problem(file, None, f"{label}: shell syntax error (bash -n): {err[:300]}")]
     if "here-document" in err:
-        return [Problem(file, None, f"{label}: {err[:300]} (a heredoc must not contain a blank "
-                        "line: blank lines separate turns)")]
+        return [Problem(file, None, f"{label}: unterminated here-document ({err[:200]}); a heredoc "
+                        "must not contain a blank line: blank lines separate turns")]
     return []
 
 
