@@ -1,0 +1,203 @@
+"""The harness: action format, turn loop over real bubblewrap sandboxes, budgets, statuses,
+active summarisation, pre-verifier snapshots."""
+
+import threading
+
+import pytest
+
+from tr.agent.harness import (
+    Budgets, EpisodeSpec, format_action, parse_action, run_episode,
+)
+from tr.agent.policies import ScriptedPolicy
+from tr.agent.records import EpisodeStatus, episode_to_sequences
+from tr.agent.rollout import TaskEnv
+from tr.agent.transcript import ChatLayout, Generation
+
+# ----------------------------------------------------------------------------------------------
+# The action format.
+
+
+def test_parse_command_and_done():
+    a = parse_action("THOUGHT: list files\nCOMMAND:\n```bash\nls -la /app\n```")
+    assert (a.kind, a.thought, a.command) == ("command", "list files", "ls -la /app")
+    a = parse_action("  THOUGHT: multi\nline thought\nCOMMAND:\n```\nfor i in 1 2; do\n  echo $i\ndone\n```\n")
+    assert a.kind == "command" and a.command == "for i in 1 2; do\n  echo $i\ndone"
+    assert a.thought == "multi\nline thought"
+    a = parse_action("THOUGHT: finished\nDONE")
+    assert (a.kind, a.thought, a.command) == ("done", "finished", None)
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("ls -la", "must start with 'THOUGHT:'"),
+    ("THOUGHT: hmm", "write 'COMMAND:'"),
+    ("THOUGHT: x\nCOMMAND: ls", "on the line after 'COMMAND:'"),
+    ("THOUGHT: x\nCOMMAND:\nls", "no ```bash"),
+    ("THOUGHT: x\nCOMMAND:\n```bash\nls\n```\n```bash\npwd\n```", "more than one command block"),
+    ("THOUGHT: x\nCOMMAND:\n```bash\n\n```", "empty"),
+    ("THOUGHT: x\nCOMMAND:\n```bash\nls\n```\nand then DONE", "text outside"),
+    ("THOUGHT: x\nDONE\nCOMMAND:\n```bash\nls\n```", "write 'COMMAND:'"),
+    ("", "must start with 'THOUGHT:'"),
+])
+def test_malformed_replies_are_invalid_with_a_reason(text, reason):
+    a = parse_action(text)
+    assert a.kind == "invalid" and reason in a.error
+
+
+def test_format_action_round_trips():
+    for cmd in ["ls", "cat <<'EOF' > f\nx\nEOF", None]:
+        a = parse_action(format_action("a  thought\nacross lines", cmd))
+        assert a.thought == "a thought across lines" and a.command == cmd
+        assert a.kind == ("done" if cmd is None else "command")
+
+
+def test_budgets_reject_nonsense():
+    with pytest.raises(ValueError, match="summarise_at_tokens"):
+        Budgets(max_context_tokens=100, summarise_at_tokens=200)
+    with pytest.raises(ValueError, match="max_output_tokens"):
+        Budgets(max_output_tokens=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Episodes in real sandboxes.
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    from tr.envs.tasks import load_suite
+
+    suite = load_suite()
+    by_tier = {}
+    for t in suite:
+        by_tier.setdefault(t.tier, t)
+    return by_tier
+
+
+@pytest.fixture(scope="module")
+def layout():
+    from tr.models.tokenizer import ByteTokenizer
+
+    return ChatLayout(ByteTokenizer())
+
+
+def _run(task, policy, layout, budgets=Budgets(), **kw):
+    spec = EpisodeSpec(task=task, episode_id=f"t-{task.id}", seed=kw.pop("seed", 0))
+    return run_episode(spec, lambda r: policy.generate([r])[0], TaskEnv("local"), layout, budgets,
+                       policy_name=policy.name, **kw)
+
+
+class Replies:
+    """A policy that says fixed replies in order, then DONE."""
+
+    name = "replies"
+
+    def __init__(self, replies):
+        self.replies = list(replies)
+        self.seen = []
+
+    def generate(self, requests):
+        out = []
+        for r in requests:
+            self.seen.append(r)
+            out.append(Generation(text=self.replies.pop(0) if self.replies else "THOUGHT: end\nDONE"))
+        return out
+
+
+def test_scripted_reference_solution_passes_with_full_record(tasks, layout):
+    task = tasks["easy"]
+    policy = ScriptedPolicy([task])
+    rec = _run(task, policy, layout)
+    assert rec.status is EpisodeStatus.VERIFIED_PASS and rec.passed is True, rec.error
+    commands = [t.command for t in rec.turns if t.kind == "command"]
+    assert commands == policy.commands[task.id]
+    assert all(t.exit_code == 0 for t in rec.turns if t.kind == "command")
+    assert rec.turns[-1].kind == "done"
+    assert rec.verifier["strict_pass"] is True and rec.matched == rec.executed > 0
+    (seq,) = episode_to_sequences(rec, reward=1.0)
+    assert seq["dones"].sum() == 1 and seq["turn_ids"].max() == len(rec.turns)
+
+
+def test_format_error_is_an_observation_not_a_crash(tasks, layout):
+    policy = Replies(["I think I'll just ls", "THOUGHT: look\nCOMMAND:\n```bash\necho hi; exit 3\n```"])
+    rec = _run(tasks["easy"], policy, layout)
+    assert rec.format_errors == 1 and rec.turns[0].kind == "format_error"
+    assert "could not be parsed" in rec.turns[0].observation
+    assert policy.seen[1].messages[-1]["content"].startswith("Your reply could not be parsed")
+    assert rec.turns[1].exit_code == 3 and "hi" in rec.turns[1].observation
+    assert rec.status is EpisodeStatus.VERIFIED_FAIL and rec.passed is False
+
+
+def test_turn_cap_still_runs_the_verifier(tasks, layout):
+    policy = Replies(["THOUGHT: a\nCOMMAND:\n```bash\ntrue\n```"] * 5)
+    rec = _run(tasks["easy"], policy, layout, Budgets(max_turns=2))
+    assert rec.status is EpisodeStatus.TURN_CAP and rec.num_turns == 2
+    assert rec.passed is False and rec.verifier is not None
+
+
+def test_context_overflow(tasks, layout):
+    policy = Replies(["THOUGHT: a\nCOMMAND:\n```bash\nseq 1 400\n```"] * 5)
+    rec = _run(tasks["easy"], policy, layout, Budgets(max_context_tokens=3000, max_output_tokens=64))
+    assert rec.status is EpisodeStatus.CONTEXT_OVERFLOW
+    assert rec.context_tokens + 64 > 3000 - len(layout.header_ids) - 1
+
+
+def test_agent_timeout_kills_a_long_command(tasks, layout):
+    policy = Replies(["THOUGHT: wait\nCOMMAND:\n```bash\nsleep 30\n```"])
+    rec = _run(tasks["easy"], policy, layout, Budgets(wall_time_s=2.0))
+    assert rec.status is EpisodeStatus.AGENT_TIMEOUT
+    assert rec.turns[0].timed_out and rec.wall_s < 20
+
+
+def test_infra_failure_when_setup_breaks(tasks, layout):
+    class BrokenEnv(TaskEnv):
+        def open(self, spec):
+            raise OSError("bwrap: cannot create namespace")
+
+    spec = EpisodeSpec(task=tasks["easy"], episode_id="x")
+    rec = run_episode(spec, lambda r: Generation("THOUGHT: x\nDONE"), BrokenEnv("local"), layout)
+    assert rec.status is EpisodeStatus.INFRA_FAILURE and "namespace" in rec.error
+    assert not rec.status.counts
+
+
+def test_active_summarisation_replaces_history_and_marks_boundary(tasks, layout):
+    task = tasks["medium"]
+    policy = ScriptedPolicy([task])
+    n = len(policy.commands[task.id])
+    rec = _run(task, policy, layout, Budgets(summarise_at_tokens=2500, max_context_tokens=16_384,
+                                             max_output_tokens=512))
+    assert rec.summaries >= 1, "context never reached the threshold: lower it"
+    assert rec.status is EpisodeStatus.VERIFIED_PASS, rec.error
+    assert [t.command for t in rec.turns if t.kind == "command"] == policy.commands[task.id]
+    assert len([t for t in rec.turns if t.kind == "command"]) == n
+    summary_turns = [t for t in rec.turns if t.kind == "summary"]
+    assert all(t.window == i for i, t in enumerate(summary_turns))
+    seqs = episode_to_sequences(rec, reward=1.0)
+    assert len(seqs) == rec.summaries + 1
+    assert rec.messages[1]["content"].startswith(task.instruction)  # history replaced
+
+
+def test_snapshot_is_taken_before_the_verifier(tasks, layout):
+    from tr.agent.rollout import discard_snapshot_ref
+
+    task = tasks["easy"]
+    rec = _run(task, ScriptedPolicy([task]), layout, snapshot_before_verify=True)
+    try:
+        assert rec.status is EpisodeStatus.VERIFIED_PASS and rec.snapshot_ref is not None
+        import os
+        assert os.path.isdir(rec.snapshot_ref["location"])
+        # the verifier wrote /logs/verifier inside the sandbox; the snapshot predates it
+        from tr.envs.sandbox import make_sandbox
+        from tr.agent.rollout import snapshot_from_ref
+        with make_sandbox("local") as box:
+            box.start()
+            box.restore(snapshot_from_ref(rec.snapshot_ref))
+            res = box.run("test -e /logs/verifier/junit.xml && echo yes || echo no", timeout_s=10)
+            assert res.output.strip() == "no"
+    finally:
+        discard_snapshot_ref(rec.snapshot_ref)
+
+
+def test_cancel_event_stops_the_episode(tasks, layout):
+    cancel = threading.Event()
+    cancel.set()
+    rec = _run(tasks["easy"], ScriptedPolicy([tasks["easy"]]), layout, cancel=cancel)
+    assert rec.status is EpisodeStatus.CANCELLED and not rec.status.counts

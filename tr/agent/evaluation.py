@@ -1,0 +1,144 @@
+"""Evaluation (SPEC §6): run a suite ``k`` times per policy, report Mean@k and Pass@1 by family and
+tier, write ``eval.json`` and a readable ``eval.txt`` to the work directory.
+
+Definitions (infrastructure failures are excluded from every denominator and counted apart):
+
+* ``Mean@k`` = (1/|T|) Σ_x (1/k_x) Σ_r S(x, r): each task's success rate over its ``k`` attempts
+  (``k_x`` valid ones), averaged over tasks — the paper's "success rate Mean@3".
+* ``Pass@1`` = (1/|T|) Σ_x S(x, r_x): the first valid attempt of each task.
+
+``S`` is the verifier's strict pass on the final state, whatever ended the episode (DONE or a
+budget).  Breakdowns average over the tasks of one family / one tier.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+
+from tr.agent.harness import Budgets, EpisodeSpec
+from tr.agent.policies import Policy
+from tr.agent.records import EpisodeRecord, write_shard
+from tr.agent.rollout import RolloutConfig, run_rollouts
+from tr.agent.transcript import ChatLayout
+
+
+def eval_specs(tasks: Sequence, k: int, *, seed: int = 0) -> list[EpisodeSpec]:
+    """``k`` attempts per task, attempt ``r`` seeded ``seed + r``; run-major order."""
+    if k < 1:
+        raise ValueError(f"k={k} must be >= 1")
+    return [EpisodeSpec(task=t, episode_id=f"eval-{t.id}-{r}", group_id=f"eval-{t.id}",
+                        rollout_index=r, seed=seed + r)
+            for r in range(k) for t in tasks]
+
+
+def summarise(records: Sequence[EpisodeRecord], tasks: Sequence, k: int) -> dict:
+    """Mean@k and Pass@1 overall / by family / by tier, plus counts (pure: records in, dict out)."""
+    by_task: dict[str, list[EpisodeRecord]] = defaultdict(list)
+    for r in records:
+        by_task[r.task_id].append(r)
+    per_task = {}
+    for t in tasks:
+        recs = sorted(by_task.get(t.id, []), key=lambda r: r.rollout_index)
+        valid = [r for r in recs if r.status.counts]
+        passes = [bool(r.passed) for r in valid]
+        per_task[t.id] = {
+            "family": t.family, "tier": t.tier, "attempts": len(recs), "valid": len(valid),
+            "passes": passes, "statuses": [r.status.value for r in recs],
+            "mean_at_k": sum(passes) / len(passes) if passes else None,
+            "pass_at_1": float(passes[0]) if passes else None,
+            "mean_turns": (sum(r.num_turns for r in valid) / len(valid)) if valid else None,
+            "mean_matched": (sum((r.matched or 0.0) for r in valid) / len(valid)) if valid else None,
+        }
+
+    def group(ids: list[str]) -> dict:
+        scored = [per_task[i] for i in ids if per_task[i]["valid"] > 0]
+        n = len(scored)
+        return {
+            "tasks": len(ids), "tasks_scored": n,
+            f"mean@{k}": sum(s["mean_at_k"] for s in scored) / n if n else None,
+            "pass@1": sum(s["pass_at_1"] for s in scored) / n if n else None,
+        }
+
+    families = sorted({t.family for t in tasks})
+    tiers = [x for x in ("easy", "medium", "hard", "extreme") if any(t.tier == x for t in tasks)]
+    statuses = Counter(r.status.value for r in records)
+    valid = [r for r in records if r.status.counts]
+    return {
+        "k": k,
+        "overall": group([t.id for t in tasks]),
+        "by_family": {f: group([t.id for t in tasks if t.family == f]) for f in families},
+        "by_tier": {x: group([t.id for t in tasks if t.tier == x]) for x in tiers},
+        "episodes": len(records),
+        "infra_failures": statuses.get("infra_failure", 0),
+        "statuses": dict(sorted(statuses.items())),
+        "format_errors": sum(r.format_errors for r in records),
+        "mean_turns": sum(r.num_turns for r in valid) / len(valid) if valid else None,
+        "tasks": per_task,
+        "infra_errors": sorted({(r.error or "").splitlines()[0] for r in records
+                                if r.status.value == "infra_failure"})[:20],
+    }
+
+
+def _pct(x: float | None) -> str:
+    return "   -  " if x is None else f"{100 * x:5.1f}%"
+
+
+def format_table(results: Mapping[str, dict]) -> str:
+    """A readable table: one block per policy, rows overall / family / tier."""
+    lines = []
+    for name, res in results.items():
+        k = res["k"]
+        lines.append(f"policy: {name}   (k={k}, episodes={res['episodes']}, "
+                     f"infra failures={res['infra_failures']}, format errors={res['format_errors']})")
+        lines.append(f"  {'group':<28} {'tasks':>5}  {f'Mean@{k}':>8}  {'Pass@1':>7}")
+        rows = [("overall", res["overall"])]
+        rows += [(f"family {f}", v) for f, v in res["by_family"].items()]
+        rows += [(f"tier {t}", v) for t, v in res["by_tier"].items()]
+        for label, v in rows:
+            lines.append(f"  {label:<28} {v['tasks']:>5}  {_pct(v[f'mean@{k}']):>8}  {_pct(v['pass@1']):>7}")
+        lines.append(f"  statuses: {res['statuses']}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def evaluate(
+    policies: Policy | Mapping[str, Policy],
+    tasks: Sequence,
+    *,
+    k: int = 3,
+    workdir: str | os.PathLike,
+    layout: ChatLayout,
+    backend: str = "local",
+    concurrency: int = 4,
+    budgets: Budgets = Budgets(),
+    seed: int = 0,
+    progress: bool | None = None,
+    sandbox_config=None,
+) -> dict:
+    """Evaluates each policy on ``tasks`` (``k`` attempts each); writes ``workdir/eval.json``
+    (all numbers + per task), ``workdir/eval.txt`` (the table) and the episode records
+    ``workdir/episodes-<policy>.jsonl``.  Returns ``{policy name: summary}``."""
+    if not tasks:
+        raise ValueError("evaluate: no tasks")
+    if not isinstance(policies, Mapping):
+        policies = {policies.name: policies}
+    os.makedirs(workdir, exist_ok=True)
+    results = {}
+    for name, policy in policies.items():
+        config = RolloutConfig(backend=backend, concurrency=concurrency, budgets=budgets,
+                               progress=progress, sandbox_config=sandbox_config)
+        out = run_rollouts(eval_specs(tasks, k, seed=seed), policy, layout, config)
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+        write_shard(out.records, os.path.join(workdir, f"episodes-{safe}.jsonl"))
+        res = summarise(out.records, tasks, k)
+        res["wall_s"] = out.wall_s
+        res["backend"] = backend
+        results[name] = res
+    with open(os.path.join(workdir, "eval.json"), "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=2, sort_keys=True)
+    with open(os.path.join(workdir, "eval.txt"), "w", encoding="utf-8") as f:
+        f.write(format_table(results))
+    return results

@@ -1,0 +1,232 @@
+"""Policies: what writes the agent's turns.
+
+A :class:`Policy` answers a batch of :class:`~tr.agent.harness.GenerationRequest` with one
+:class:`~tr.agent.transcript.Generation` each.  Three kinds:
+
+* :class:`ScriptedPolicy` — replays a task's reference solution block by block (one block = one
+  turn; an external layout's whole script is one turn), optionally with seeded injected mistakes.
+  The embedded default teacher, and a fast way to drive the engine.  Stateless: the next block is
+  read off the conversation, so it also works behind an HTTP server.
+* :class:`ModelPolicy` — the JAX sampler (token-in/token-out), in ``tr/agent/model_policy.py``.
+* :class:`~tr.agent.http_policy.HttpPolicy` — any OpenAI-compatible chat endpoint.
+
+:class:`RequestBatcher` turns blocking per-episode calls from many threads into batched policy calls.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import threading
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+from tr.agent.harness import (
+    FORMAT_REMINDER, SUMMARY_INTRO, SUMMARY_REQUEST, Cancelled, GenerationRequest, format_action,
+)
+from tr.agent.transcript import Generation
+
+
+class Policy(Protocol):
+    name: str
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]: ...
+
+
+# ----------------------------------------------------------------------------------------------
+# Scripted teacher.
+
+_PROGRESS = re.compile(r"\[scripted-progress: (\d+)\]")
+# User messages that answer a turn; any other user message (task, recovery prompt) is an anchor.
+_NOT_ANCHORS = ("exit_code:", FORMAT_REMINDER[:30], SUMMARY_REQUEST[:30])
+
+
+def solution_commands(task) -> list[str]:
+    """The reference solution as agent turns: blocks of a tr ``solve.sh``; a whole external script."""
+    from tr.envs.tasks import split_turns
+
+    if task.solution is None:
+        raise ValueError(f"task {task.id}: has no reference solution (solution/solve.sh)")
+    text = task.solution.read_text(encoding="utf-8")
+    if task.layout == "tr":
+        return split_turns(text)
+    return [text.strip()]
+
+
+def inject_mistake(command: str, rng: random.Random) -> str:
+    """A wrong version of a command: a typo in its first word, a missing file, or a no-op."""
+    kind = rng.randrange(3)
+    first, _, rest = command.partition(" ")
+    if kind == 0 and len(first) >= 2:
+        i = rng.randrange(len(first) - 1)
+        first = first[:i] + first[i + 1] + first[i] + first[i + 2:]
+        if first != command.partition(" ")[0]:
+            return f"{first} {rest}".rstrip() if rest else first
+    if kind == 1:
+        return "cat ./no-such-file-$RANDOM.txt"
+    return "true  # skipped a step"
+
+
+class ScriptedPolicy:
+    """Replays reference solutions.  The block to play is ``k`` = assistant messages since the last
+    anchor (the task message, a recovery prompt, or a summary, which carries ``k`` forward).
+    With ``mistake_prob`` p, each block is independently replaced by a wrong command
+    (:func:`inject_mistake`), seeded by ``(seed, task, episode seed, block)``."""
+
+    def __init__(self, tasks: Sequence, *, mistake_prob: float = 0.0, seed: int = 0,
+                 name: str = "scripted", source: str = "teacher"):
+        if not 0.0 <= mistake_prob <= 1.0:
+            raise ValueError(f"mistake_prob={mistake_prob} must be in [0, 1]")
+        self.name = name
+        self.source = source
+        self.mistake_prob = mistake_prob
+        self.seed = seed
+        self.commands = {t.id: solution_commands(t) for t in tasks if t.solution is not None}
+        self.by_instruction = {t.instruction.strip(): t.id for t in tasks}
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        return [self._one(r) for r in requests]
+
+    def _task_id(self, req: GenerationRequest) -> str:
+        if req.task_id in self.commands:
+            return req.task_id
+        for m in req.messages:
+            if m["role"] == "user":
+                text = m["content"].split(f"\n\n{SUMMARY_INTRO}")[0].strip()
+                if text in self.by_instruction and self.by_instruction[text] in self.commands:
+                    return self.by_instruction[text]
+                break
+        raise ValueError(f"scripted policy: no reference solution for task {req.task_id!r}")
+
+    def _one(self, req: GenerationRequest) -> Generation:
+        commands = self.commands[self._task_id(req)]
+        k = _progress(req.messages)
+        if req.purpose == "summary":
+            text = (f"I ran the first {k} step(s) of my plan; the remaining steps follow. "
+                    f"[scripted-progress: {k}]")
+            return Generation(text=text, source=self.source)
+        if k >= len(commands):
+            return Generation(text=format_action("All steps are done.", None), source=self.source)
+        command = commands[k]
+        rng = random.Random(f"{self.seed}:{req.task_id}:{req.seed}:{k}")
+        if self.mistake_prob > 0 and rng.random() < self.mistake_prob:
+            command = inject_mistake(command, rng)
+        return Generation(text=format_action(f"Step {k + 1} of {len(commands)}.", command),
+                          source=self.source)
+
+
+def _progress(messages: Sequence[dict]) -> int:
+    """Blocks already played: assistant replies after the last anchor, plus a summary's count."""
+    anchor, base = 1, 0
+    for i, m in enumerate(messages):
+        if m["role"] != "user":
+            continue
+        if i == 1 or not m["content"].startswith(_NOT_ANCHORS):
+            anchor, base = i, 0
+        found = _PROGRESS.search(m["content"]) if SUMMARY_INTRO in m["content"] else None
+        if found:
+            anchor, base = i, int(found.group(1))
+    return base + sum(1 for m in messages[anchor + 1:] if m["role"] == "assistant")
+
+
+# ----------------------------------------------------------------------------------------------
+# Batching many episodes' calls into one policy call.
+
+class RequestBatcher:
+    """Collects blocking :meth:`generate` calls from episode threads into batched policy calls.
+
+    A batch is sent when every registered episode is waiting, when ``max_batch`` requests wait, or
+    ``window_s`` after the first request of the batch arrived — so generation for all active
+    episodes is batched while their sandboxes work concurrently.  :meth:`cancel` fails every
+    waiting and future call with :class:`Cancelled`.
+    """
+
+    def __init__(self, policy: Policy, *, max_batch: int = 64, window_s: float = 0.02):
+        self.policy = policy
+        self.max_batch = max_batch
+        self.window_s = window_s
+        self._cv = threading.Condition()
+        self._pending: list[tuple[GenerationRequest, dict]] = []
+        self._active = 0
+        self._cancelled = threading.Event()
+        self._closed = False
+        self.calls = 0
+        self.batch_sizes: list[int] = []
+        self.busy_s = 0.0
+        self._thread = threading.Thread(target=self._loop, name="request-batcher", daemon=True)
+        self._thread.start()
+
+    # episode side ------------------------------------------------------------------------------
+    def register(self) -> None:
+        with self._cv:
+            self._active += 1
+
+    def unregister(self) -> None:
+        with self._cv:
+            self._active -= 1
+            self._cv.notify_all()
+
+    def generate(self, req: GenerationRequest) -> Generation:
+        slot: dict = {}
+        with self._cv:
+            if self._cancelled.is_set():
+                raise Cancelled()
+            self._pending.append((req, slot))
+            self._cv.notify_all()
+            while "out" not in slot and "err" not in slot:
+                self._cv.wait()
+        if "err" in slot:
+            raise slot["err"]
+        return slot["out"]
+
+    # engine side -------------------------------------------------------------------------------
+    def cancel(self) -> None:
+        with self._cv:
+            self._cancelled.set()
+            for _, slot in self._pending:
+                slot["err"] = Cancelled()
+            self._pending.clear()
+            self._cv.notify_all()
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._pending and not self._closed:
+                    self._cv.wait()
+                if self._closed and not self._pending:
+                    return
+                deadline = time.monotonic() + self.window_s
+                while (self._pending and len(self._pending) < min(self.max_batch, max(self._active, 1))
+                       and not self._closed):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cv.wait(left)
+                batch = self._pending[:self.max_batch]
+                del self._pending[:len(batch)]
+            if not batch:
+                continue
+            t0 = time.monotonic()
+            try:
+                outs = self.policy.generate([r for r, _ in batch])
+                if len(outs) != len(batch):
+                    raise RuntimeError(f"policy {self.policy.name} returned {len(outs)} generations "
+                                       f"for {len(batch)} requests")
+                results = [("out", o) for o in outs]
+            except Exception as e:  # noqa: BLE001 — delivered to every caller of the batch
+                results = [("err", e)] * len(batch)
+            dt = time.monotonic() - t0
+            with self._cv:
+                self.calls += 1
+                self.batch_sizes.append(len(batch))
+                self.busy_s += dt
+                for (_, slot), (key, val) in zip(batch, results):
+                    slot[key] = val
+                self._cv.notify_all()

@@ -1,0 +1,270 @@
+"""The rollout engine: many episodes at once over many sandboxes, one batched policy.
+
+Each episode runs in its own thread (sandbox commands proceed concurrently); every generation goes
+through one :class:`~tr.agent.policies.RequestBatcher`, so requests from all active episodes reach
+the sampler as batches.  Groups of ``G`` rollouts per task (GRPO), over-sampling (launch ``N'``,
+keep the first ``N`` to finish that count, cancel the rest and close their sandboxes), and
+recovery rollouts (restore ``s_f``, prepend ``h_f`` and the recovery prompt ``r``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any, TextIO
+
+from tr.agent.harness import RECOVERY_PROMPT, Budgets, EpisodeSpec, run_episode
+from tr.agent.policies import Policy, RequestBatcher
+from tr.agent.records import EpisodeRecord, EpisodeStatus
+from tr.agent.transcript import ChatLayout
+
+
+# ----------------------------------------------------------------------------------------------
+# The environment side: sandboxes + tasks.
+
+class TaskEnv:
+    """:class:`~tr.agent.harness.EpisodeEnv` over ``tr.envs``: a fresh sandbox with the task laid
+    down, or (recovery) a sandbox restored from the parent's pre-verifier snapshot."""
+
+    def __init__(self, backend: str = "local", sandbox_config: Any = None):
+        from tr.envs.sandbox import SandboxConfig
+
+        self.backend = backend
+        self.sandbox_config = sandbox_config if sandbox_config is not None else SandboxConfig()
+        self._lock = threading.Lock()
+        self.open_sandboxes: set[int] = set()
+
+    def open(self, spec: EpisodeSpec):
+        from tr.envs.sandbox import make_sandbox
+        from tr.envs.tasks.runner import prepare, sandbox_config
+
+        sandbox = make_sandbox(self.backend, sandbox_config(spec.task, self.backend, self.sandbox_config))
+        with self._lock:
+            self.open_sandboxes.add(id(sandbox))
+        try:
+            sandbox.start()
+            if spec.parent is None:
+                prepare(spec.task, sandbox, self.backend)
+            else:
+                if spec.parent.snapshot_ref is None:
+                    raise ValueError(f"recovery from episode {spec.parent.episode_id}: its record has "
+                                     "no snapshot (run it with snapshot_before_verify=True)")
+                sandbox.restore(snapshot_from_ref(spec.parent.snapshot_ref))
+        except BaseException:
+            self.close(sandbox)
+            raise
+        return sandbox
+
+    def snapshot(self, spec: EpisodeSpec, sandbox) -> dict:
+        return snapshot_to_ref(sandbox.snapshot(persist=True))
+
+    def verify(self, spec: EpisodeSpec, sandbox):
+        from tr.envs.tasks.runner import verify
+
+        return verify(spec.task, sandbox)
+
+    def close(self, sandbox) -> None:
+        try:
+            sandbox.close()
+        finally:
+            with self._lock:
+                self.open_sandboxes.discard(id(sandbox))
+
+
+def snapshot_to_ref(snapshot) -> dict:
+    """A JSON reference to a sandbox snapshot (its plain fields)."""
+    return dataclasses.asdict(snapshot)
+
+
+def snapshot_from_ref(ref: dict):
+    """Inverse of :func:`snapshot_to_ref`."""
+    from tr.envs.sandbox import snapshot_fields
+
+    return snapshot_fields(ref)
+
+
+def discard_snapshot_ref(ref: dict | None) -> None:
+    """Deletes the snapshot a record points to (a cancelled or unwanted episode's)."""
+    if ref:
+        from tr.envs.sandbox import discard_snapshot
+
+        discard_snapshot(snapshot_from_ref(ref))
+
+
+# ----------------------------------------------------------------------------------------------
+# Specs.
+
+def group_specs(tasks: Sequence, group_size: int, *, seed: int = 0, prefix: str = "ep") -> list[EpisodeSpec]:
+    """``group_size`` rollouts of every task; rollouts of one task share ``group_id`` (GRPO)."""
+    if group_size < 1:
+        raise ValueError(f"group_size={group_size} must be >= 1")
+    specs = []
+    for t in tasks:
+        for g in range(group_size):
+            specs.append(EpisodeSpec(task=t, episode_id=f"{prefix}-{t.id}-{seed}-{g}",
+                                     group_id=f"{prefix}-{t.id}-{seed}", rollout_index=g,
+                                     seed=seed * 100_003 + g))
+    return specs
+
+
+def recovery_specs(task, parent: EpisodeRecord, group_size: int, *, seed: int = 0,
+                   recovery_prompt: str = RECOVERY_PROMPT) -> list[EpisodeSpec]:
+    """A group of recovery rollouts from one failed attempt ``(x, h_f, s_f)``."""
+    if parent.snapshot_ref is None:
+        raise ValueError(f"episode {parent.episode_id}: no pre-verifier snapshot to recover from")
+    return [EpisodeSpec(task=task, episode_id=f"rec-{parent.episode_id}-{seed}-{g}",
+                        group_id=f"rec-{parent.episode_id}-{seed}", rollout_index=g,
+                        seed=seed * 100_003 + g, parent=parent, recovery_prompt=recovery_prompt)
+            for g in range(group_size)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Progress display.
+
+class Progress:
+    """One status line on stderr, rewritten in place: episodes done, pass rate, steps/s."""
+
+    def __init__(self, total: int, *, label: str = "rollout", stream: TextIO | None = None,
+                 enabled: bool | None = None, min_interval_s: float = 0.5):
+        self.total, self.label = total, label
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = enabled if enabled is not None else self.stream.isatty()
+        self.min_interval_s = min_interval_s
+        self.t0 = time.monotonic()
+        self.done = self.passed = self.counted = self.infra = self.steps = 0
+        self._last = 0.0
+        self._lock = threading.Lock()
+
+    def update(self, rec: EpisodeRecord) -> None:
+        with self._lock:
+            self.done += 1
+            self.steps += rec.num_turns
+            if rec.status.counts:
+                self.counted += 1
+                self.passed += int(bool(rec.passed))
+            elif rec.status is EpisodeStatus.INFRA_FAILURE:
+                self.infra += 1
+            now = time.monotonic()
+            if self.enabled and (now - self._last >= self.min_interval_s or self.done == self.total):
+                self._last = now
+                self.stream.write("\r" + self.line() + ("\n" if self.done == self.total else ""))
+                self.stream.flush()
+
+    def line(self) -> str:
+        dt = max(time.monotonic() - self.t0, 1e-9)
+        rate = 100.0 * self.passed / self.counted if self.counted else 0.0
+        return (f"[{self.label}] {self.done}/{self.total} episodes · pass {rate:5.1f}% · "
+                f"{self.steps / dt:6.2f} steps/s · {self.done / dt:5.2f} ep/s · infra {self.infra} · "
+                f"{dt:6.1f}s")
+
+    def finish(self) -> None:
+        if self.enabled and self.done != self.total:
+            self.stream.write("\r" + self.line() + "\n")
+            self.stream.flush()
+
+
+# ----------------------------------------------------------------------------------------------
+# The engine.
+
+@dataclasses.dataclass
+class RolloutConfig:
+    backend: str = "local"
+    concurrency: int = 8
+    budgets: Budgets = Budgets()
+    snapshot_before_verify: bool = False
+    sandbox_config: Any = None
+    max_batch: int = 64
+    batch_window_s: float = 0.02
+    progress: bool | None = None  # None: only when stderr is a terminal
+
+
+@dataclasses.dataclass
+class RolloutResult:
+    """``records``: the kept episodes in finishing order; ``cancelled``: launched but dropped."""
+
+    records: list[EpisodeRecord]
+    cancelled: list[EpisodeRecord]
+    not_started: int
+    wall_s: float
+    generation_calls: int
+    generation_s: float
+    batch_sizes: list[int]
+
+
+def run_rollouts(
+    specs: Sequence[EpisodeSpec],
+    policy: Policy,
+    layout: ChatLayout,
+    config: RolloutConfig = RolloutConfig(),
+    *,
+    keep_first: int | None = None,
+    env: Any = None,
+    on_record: Callable[[EpisodeRecord], None] | None = None,
+) -> RolloutResult:
+    """Runs ``specs`` with up to ``config.concurrency`` episodes at once.
+
+    With ``keep_first = N`` (over-sampling), the engine stops as soon as ``N`` episodes that count
+    (not infra failures) have finished: waiting generations fail with ``Cancelled``, running
+    episodes stop at their next turn and close their sandboxes, queued ones never start.
+    Returns when every started episode has closed its sandbox.
+    """
+    if config.concurrency < 1:
+        raise ValueError(f"concurrency={config.concurrency} must be >= 1")
+    if keep_first is not None and not 1 <= keep_first <= len(specs):
+        raise ValueError(f"keep_first={keep_first} must be in [1, {len(specs)}]")
+    env = env if env is not None else TaskEnv(config.backend, config.sandbox_config)
+    batcher = RequestBatcher(policy, max_batch=config.max_batch, window_s=config.batch_window_s)
+    cancel = threading.Event()
+    progress = Progress(len(specs) if keep_first is None else keep_first, enabled=config.progress)
+    t0 = time.monotonic()
+
+    def one(spec: EpisodeSpec) -> EpisodeRecord | None:
+        if cancel.is_set():
+            return None
+        batcher.register()
+        try:
+            return run_episode(spec, batcher.generate, env, layout, config.budgets,
+                               snapshot_before_verify=config.snapshot_before_verify,
+                               cancel=cancel, policy_name=policy.name)
+        finally:
+            batcher.unregister()
+
+    kept: list[EpisodeRecord] = []
+    cancelled: list[EpisodeRecord] = []
+    not_started = 0
+    counted = 0
+    pool = ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="episode")
+    try:
+        futures: set[Future] = {pool.submit(one, s) for s in specs}
+        while futures:
+            done, futures = wait(futures, return_when=FIRST_COMPLETED)
+            for f in done:
+                rec = f.result()
+                if rec is None:
+                    not_started += 1
+                    continue
+                if rec.status is EpisodeStatus.CANCELLED or (cancel.is_set() and rec.status.counts):
+                    discard_snapshot_ref(rec.snapshot_ref)
+                    cancelled.append(rec)
+                    continue
+                kept.append(rec)
+                progress.update(rec)
+                if on_record is not None:
+                    on_record(rec)
+                counted += int(rec.status.counts)
+                if keep_first is not None and counted >= keep_first and not cancel.is_set():
+                    cancel.set()
+                    batcher.cancel()
+    finally:
+        cancel.set()
+        batcher.cancel()
+        pool.shutdown(wait=True, cancel_futures=True)
+        batcher.close()
+        progress.finish()
+    return RolloutResult(records=kept, cancelled=cancelled, not_started=not_started,
+                         wall_s=time.monotonic() - t0, generation_calls=batcher.calls,
+                         generation_s=batcher.busy_s, batch_sizes=list(batcher.batch_sizes))
