@@ -3,14 +3,21 @@
 A training phase reads the table written here and keeps it fixed, so a run's rewards are
 reproducible from its files; ``python -m tr.rewards.rescore --scales`` reads the same table.
 
-Trajectory files are JSONL, one trajectory per line. Accepted per line (a JSON object):
+Trajectory files are JSONL, one trajectory per line. Accepted per line (a JSON object); a field
+that is ``null`` (or, for ``family``, an empty string) counts as absent and the search goes on:
 
-* ``family`` (non-empty str): top level, else ``task.family``.
+* ``family`` (non-empty str): top level, else ``task.family``, else ``verifier.family``.
 * ``matched`` (number, finite, may be negative), ``executed`` (int ≥ 0), ``strict_pass`` (bool, or
   0/1): top level, else the first of the nested objects ``verifier``, ``verifier_result``,
   ``verification``, ``result``, ``result.verifier``, ``outcome`` that holds the field.
-* ``turns``: an int ≥ 0 or a list (its length is the count), named ``turns``, ``num_turns`` or
-  ``n_turns``, at top level, else under ``result``, ``episode`` or ``stats``.
+* ``turns``: an int ≥ 0, or a list of turns whose count is taken (items that are objects with
+  ``"kind": "summary"`` are not agent turns and are not counted), named ``turns``, ``num_turns``
+  or ``n_turns``, at top level, else under ``result``, ``episode`` or ``stats``.
+
+This covers flat lines ``{"family", "matched", "executed", "strict_pass", "turns"}`` and the
+episode records of the rollout engine (``tr.agent.records.EpisodeRecord.to_json()``: ``family``,
+``verifier: {matched, executed, strict_pass}``, ``turns: [...]``). A record whose ``status`` is
+``infra_failure`` or ``cancelled`` has no agent outcome: it is excluded and reported, not an error.
 
 Blank lines are ignored. Anything else (not JSON, not an object, a missing field, a wrong type, a
 negative ``executed``, a file with no trajectory) is an error naming the file and line.
@@ -45,7 +52,8 @@ _VERIFIER_PATHS = (
     ("result", "verifier"),
     ("outcome",),
 )
-_FAMILY_PATHS = ((), ("task",))
+_FAMILY_PATHS = ((), ("task",), ("verifier",))
+_EXCLUDED_STATUSES = ("infra_failure", "cancelled")
 _TURNS_PATHS = ((), ("result",), ("episode",), ("stats",))
 _TURNS_NAMES = ("turns", "num_turns", "n_turns")
 
@@ -59,11 +67,18 @@ class TrajectoryInputError(ValueError):
         super().__init__(f"{where}: {message}")
 
 
+class ExcludedRecord(ValueError):
+    """A well-formed record without an agent outcome (infra failure, cancelled)."""
+
+
 @dataclass(frozen=True)
 class BadLine:
+    """A line left out: bad (only with ``skip_bad``) or an excluded record (always)."""
+
     path: str
     line: int
     message: str
+    excluded: bool = False
 
     def __str__(self) -> str:
         return f"{self.path}:{self.line}: {self.message}"
@@ -78,8 +93,9 @@ def _lookup(record: Mapping, paths: Sequence[tuple[str, ...]], names: Sequence[s
         if not isinstance(node, Mapping):
             continue
         for name in names:
-            if name in node:
-                return node[name]
+            value = node.get(name)
+            if value is not None and value != "":
+                return value
     raise KeyError(names[0])
 
 
@@ -91,6 +107,9 @@ def parse_trajectory(record: Any) -> dict[str, Any]:
     """One decoded JSON line → ``{family, matched, executed, strict_pass, turns}``; ValueError if bad."""
     if not isinstance(record, Mapping):
         raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+    status = record.get("status")
+    if status in _EXCLUDED_STATUSES:
+        raise ExcludedRecord(f"status {status!r} has no agent outcome")
 
     def field(paths, names):
         try:
@@ -118,7 +137,7 @@ def parse_trajectory(record: Any) -> dict[str, Any]:
         raise ValueError(f"field 'strict_pass' must be a boolean (or 0/1), got {strict_pass!r}")
     turns = field(_TURNS_PATHS, _TURNS_NAMES)
     if isinstance(turns, list):
-        turns = len(turns)
+        turns = sum(1 for t in turns if not (isinstance(t, Mapping) and t.get("kind") == "summary"))
     if isinstance(turns, bool) or not isinstance(turns, int) or turns < 0:
         raise ValueError(f"field 'turns' must be an integer >= 0 or a list, got {turns!r}")
     return {
@@ -130,41 +149,46 @@ def parse_trajectory(record: Any) -> dict[str, Any]:
     }
 
 
+def _decode(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"not valid JSON ({error.msg})") from None
+
+
 def read_trajectories(
     paths: Iterable[str | Path], *, skip_bad: bool = False
 ) -> tuple[shaping.Trajectories, list[BadLine]]:
     """Read JSONL trajectory files into columns.
 
     Raises `TrajectoryInputError` at the first bad line, or, with ``skip_bad``, returns the bad
-    lines next to the good trajectories. An unreadable file, or a file with no good trajectory, is
-    always an error.
+    lines next to the good trajectories (excluded records are returned in both modes). An
+    unreadable file, or a file with no good trajectory, is always an error.
     """
     rows: list[dict[str, Any]] = []
     bad: list[BadLine] = []
     for path in paths:
         path = str(path)
+        good_in_file = nonblank_in_file = 0
         try:
             with open(path, encoding="utf-8") as handle:
-                lines = handle.read().splitlines()
+                for number, text in enumerate(handle, start=1):
+                    if not text.strip():
+                        continue
+                    nonblank_in_file += 1
+                    try:
+                        rows.append(parse_trajectory(_decode(text)))
+                        good_in_file += 1
+                    except ExcludedRecord as error:
+                        bad.append(BadLine(path, number, str(error), excluded=True))
+                    except ValueError as error:
+                        if not skip_bad:
+                            raise TrajectoryInputError(path, number, str(error)) from None
+                        bad.append(BadLine(path, number, str(error)))
         except (OSError, UnicodeDecodeError) as error:
             raise TrajectoryInputError(path, None, f"cannot read: {error}") from None
-        good_in_file = 0
-        for number, text in enumerate(lines, start=1):
-            if not text.strip():
-                continue
-            try:
-                try:
-                    record = json.loads(text)
-                except json.JSONDecodeError as error:
-                    raise ValueError(f"not valid JSON ({error.msg})") from None
-                rows.append(parse_trajectory(record))
-                good_in_file += 1
-            except ValueError as error:
-                if not skip_bad:
-                    raise TrajectoryInputError(path, number, str(error)) from None
-                bad.append(BadLine(path, number, str(error)))
         if good_in_file == 0:
-            message = "empty file" if not any(t.strip() for t in lines) else "no valid trajectory"
+            message = "no valid trajectory" if nonblank_in_file else "empty file"
             raise TrajectoryInputError(path, None, message)
     return shaping.as_trajectories(rows), bad
 
@@ -286,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     for line in bad:
-        print(f"skipped {line}", file=sys.stderr)
+        print(f"{'excluded' if line.excluded else 'skipped'} {line}", file=sys.stderr)
     table = build_scale_table(
         trajectories, args.quantile, failure_threshold=args.failure_threshold
     )

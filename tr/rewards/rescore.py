@@ -4,8 +4,10 @@ For each formula (FDR with ``D_f``, SPR with ``D'_f``; SPEC.md §5) it reports
 
 * ``failure_mass_share``: ``Σ_failures R / Σ_all R`` (None when the total mass is 0)
 * ``failures_ge_1``: failures with ``R ≥ 1``
-* ``all_checks_failures``: failures with ``matched == executed``, i.e. that passed every executed
-  check (and had no penalty) yet missed the strict gate; independent of the formula
+* ``all_checks_failures``: failures with ``matched == executed > 0``, i.e. that passed every
+  executed check (and had no penalty) yet missed the strict gate; independent of the formula. A
+  failure that executed no check (e.g. the verifier could not run) is not counted: passing zero
+  checks is not "passing every check"
 * ``mean_success``, ``mean_failure`` (None for an empty group), ``n_success``, ``n_failure``
 
 Scales come from the same files (a profiling pass: ``D`` by `shaping.family_scales`, ``D'`` by
@@ -68,7 +70,8 @@ def reward_metrics(
     success = np.asarray(strict_pass, dtype=bool)
     failure = ~success
     total = rewards.sum()
-    all_checks = np.asarray(matched, np.float64) == np.asarray(executed, np.float64)
+    executed = np.asarray(executed, np.float64)
+    all_checks = (np.asarray(matched, np.float64) == executed) & (executed > 0)
     return {
         "failure_mass_share": float(rewards[failure].sum() / total) if total > 0 else None,
         "failures_ge_1": int((rewards[failure] >= 1.0).sum()),
@@ -183,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     for line in bad:
-        print(f"skipped {line}", file=sys.stderr)
+        print(f"{'excluded' if line.excluded else 'skipped'} {line}", file=sys.stderr)
     try:
         metrics, rewards = rescore(trajectories, table, formulas)
     except KeyError as error:
