@@ -316,7 +316,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     text = dumps_scale_table(table)
     if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
+        try:
+            Path(args.out).write_text(text, encoding="utf-8")
+        except OSError as error:
+            print(f"error: {args.out}: cannot write: {error}", file=sys.stderr)
+            return 2
         print(format_scale_table(table))
         print(f"wrote {args.out} ({len(table)} families, {len(trajectories.families)} trajectories)")
     else:
