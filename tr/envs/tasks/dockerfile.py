@@ -262,6 +262,9 @@ def _copy_step(dockerfile: Path, context: Path, ins: Instruction, workdir: str,
         if re.match(r"^[a-z]+://", source) or source.startswith("git@"):
             raise NeedsDocker(dockerfile, ins.lineno, ins.text, f"{ins.keyword} from a URL needs "
                               "the network")
+        if not _within(context / source, root):
+            raise DockerfileError(dockerfile, ins.lineno, f"{ins.keyword} source {source!r} is "
+                                  "outside the build context")
         matches = sorted(glob.glob(str(context / source))) if any(c in source for c in "*?[") \
             else [str(context / source)]
         if not matches or not Path(matches[0]).exists():
@@ -269,11 +272,9 @@ def _copy_step(dockerfile: Path, context: Path, ins: Instruction, workdir: str,
                                   f"exist in the build context {context}")
         for m in matches:
             path = Path(m)
-            try:
-                path.resolve().relative_to(root)
-            except ValueError:
+            if not _within(path, root):
                 raise DockerfileError(dockerfile, ins.lineno, f"{ins.keyword} source {source!r} is "
-                                      "outside the build context") from None
+                                      "outside the build context")
             if ins.keyword == "ADD" and path.is_file() and re.search(
                     r"\.(tar|tgz|tar\.\w+|txz|tbz2?)$", path.name):
                 raise NeedsDocker(dockerfile, ins.lineno, ins.text, "ADD of a tar archive (which "
@@ -282,3 +283,11 @@ def _copy_step(dockerfile: Path, context: Path, ins: Instruction, workdir: str,
     dest_is_dir = dest.endswith("/") or len(resolved) > 1 or resolved[0].is_dir()
     absolute = posixpath.normpath(posixpath.join(workdir, dest))
     return CopyStep(ins.lineno, tuple(resolved), absolute, dest_is_dir, chmod)
+
+
+def _within(path: Path, root: Path) -> bool:
+    try:
+        Path(posixpath.normpath(str(path))).resolve().relative_to(root)
+    except ValueError:
+        return False
+    return True

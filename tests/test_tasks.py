@@ -1,0 +1,351 @@
+"""Task model and loaders (tr / Harbor / TB1), the malformed corpus, the local Dockerfile
+interpreter, and running fixture tasks end to end in real local sandboxes."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tr.envs.tasks import (
+    TaskError, detect_layout, load_suite, load_task, split_turns, validate_task,
+)
+from tr.envs.tasks import dockerfile as dfile
+from tr.envs.tasks import runner
+from tr.envs.tasks.model import test_functions as static_test_functions
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TASKS = FIXTURES / "tasks"
+MALFORMED = FIXTURES / "malformed"
+MALFORMED_DIRS = sorted(p for p in MALFORMED.iterdir() if p.is_dir())
+
+
+# ---------------------------------------------------------------- loading
+
+
+@pytest.mark.parametrize(
+    "name, layout, family, tier, kind, budgets",
+    [
+        ("tb1-word-count", "tb1", "file-operations", "easy", "pytest", (120.0, 50, 30.0)),
+        ("tb1-fix-config", "tb1", "system-administration", "medium", "pytest", (180.0, 50, 30.0)),
+        ("harbor-csv-total", "harbor", "data-processing", "medium", "pytest", (300.0, 50, 60.0)),
+        ("harbor-archive-logs", "harbor", "system-administration", "easy", "reward_file",
+         (120.0, 50, 30.0)),
+        ("tr-count-errors", "tr", "log-analysis", "easy", "pytest", (60.0, 10, 60.0)),
+    ],
+)
+def test_fixture_tasks_load_with_their_metadata(name, layout, family, tier, kind, budgets):
+    task = load_task(TASKS / name)
+    assert detect_layout(TASKS / name) == layout
+    assert (task.id, task.layout, task.family, task.tier, task.verifier.kind) == (
+        name, layout, family, tier, kind)
+    assert (task.budgets.agent_timeout_s, task.budgets.max_turns,
+            task.budgets.verifier_timeout_s) == budgets
+    assert task.instruction.strip() and task.solution is not None and task.solution.is_file()
+    assert validate_task(TASKS / name) == []
+
+
+def test_external_pytest_runners_are_replaced_by_offline_pytest():
+    word = load_task(TASKS / "tb1-word-count")
+    assert word.verifier.test_files == ("test_outputs.py",)
+    assert "installs pytest over the network" in word.verifier.note
+    harbor = load_task(TASKS / "harbor-csv-total")
+    assert harbor.verifier.kind == "pytest" and "tests/test.sh" in harbor.verifier.note
+    assert load_task(TASKS / "harbor-archive-logs").verifier.script == "test.sh"
+
+
+def test_tr_layout_fields():
+    task = load_task(TASKS / "tr-count-errors")
+    assert task.verifier.final_gate == "test_final_gate"
+    assert task.partial == TASKS / "tr-count-errors" / "solution" / "partial.sh"
+    assert task.environment.kind == "setup"
+    assert task.environment.files_dir == TASKS / "tr-count-errors" / "environment" / "files"
+    assert task.tags == ("grep",)
+
+
+def test_load_suite_over_a_directory_sorts_by_id():
+    ids = [t.id for t in load_suite(TASKS)]
+    assert ids == sorted(p.name for p in TASKS.iterdir())
+
+
+def test_malformed_corpus_is_large_enough():
+    assert len(MALFORMED_DIRS) >= 20
+
+
+@pytest.mark.parametrize("task_dir", MALFORMED_DIRS, ids=lambda p: p.name)
+def test_malformed_task_gives_the_expected_clear_error(task_dir):
+    expected = (task_dir / "EXPECTED").read_text().strip()
+    problems = [str(p) for p in validate_task(task_dir)]
+    assert any(expected in p for p in problems), problems
+    if "shell syntax" not in expected and "here-document" not in expected:
+        with pytest.raises(TaskError) as info:  # loading (cheap checks) refuses it too
+            load_task(task_dir)
+        assert expected in str(info.value)
+
+
+def test_every_problem_is_reported_not_just_the_first(tmp_path):
+    (tmp_path / "task.toml").write_text('[metadata]\ntier = "mythic"\n[agent]\nmax_turns = 0\n')
+    problems = [str(p) for p in validate_task(tmp_path)]
+    for needle in ("metadata.family: missing", "metadata.tier: unknown tier 'mythic'",
+                   "agent.max_turns: must be a positive integer", "instruction.md: missing",
+                   "tests/: missing"):
+        assert any(needle in p for p in problems), (needle, problems)
+
+
+def test_split_turns_blocks_and_comments():
+    script = "#!/bin/bash\n# a comment block\n\ncd /app\necho a\n\n\n# note\nls -l\n\n   \necho 'x'\n"
+    assert split_turns(script) == ["cd /app\necho a", "# note\nls -l", "echo 'x'"]
+    assert split_turns("") == [] and split_turns("# only\n") == []
+
+
+def test_static_test_discovery_matches_pytest_collection(tmp_path):
+    (tmp_path / "test_a.py").write_text(textwrap.dedent("""
+        import pytest
+        def helper(): pass
+        def test_one(): pass
+        async def test_two(): pass
+        class TestGroup:
+            def test_three(self): pass
+            def other(self): pass
+        class Helper:
+            def test_not_collected(self): pass
+        def test_penalty_x(): pass
+    """))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p",
+                           "no:cacheprovider", "test_a.py"], cwd=tmp_path, capture_output=True,
+                          text=True, env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    collected = sorted(line.split("::", 1)[1] for line in proc.stdout.splitlines() if "::" in line)
+    # pytest collects the async test too (and fails it at run time): both count as checks
+    assert sorted(static_test_functions(tmp_path / "test_a.py")) == collected
+
+
+# ---------------------------------------------------------------- Dockerfile interpretation
+
+
+def test_dockerfile_plan_follows_env_arg_workdir_and_steps():
+    task = load_task(TASKS / "tb1-fix-config")
+    plan = runner.local_plan(task)
+    assert plan.base_image == "python:3.13-slim-bookworm"
+    assert plan.workdir == "/app"
+    assert plan.env == {"LOG_DIR": "/app/logs", "SERVICE_NAME": "demo service"}
+    runs = [s for s in plan.steps if isinstance(s, dfile.RunStep)]
+    assert runs[1].command.startswith("mkdir -p ${CONF_DIR} &&")  # the shell expands it, as in
+    assert runs[1].env["CONF_DIR"] == "/app/conf"                  # Docker: ARGs are in RUN's env
+    assert runs[2].command == "sh -c 'echo \"$SERVICE_NAME\" > /app/NAME'"  # exec form
+
+
+def test_dockerfile_parse_joins_continuations_and_drops_comments():
+    text = "# syntax=docker/dockerfile:1\nFROM debian:12\nRUN a \\\n  # inner comment\n  b\n\nENV X=1\n"
+    got = [(i.lineno, i.keyword, i.args) for i in dfile.parse(text)]
+    assert got == [(2, "FROM", "debian:12"), (3, "RUN", "a b"), (7, "ENV", "X=1")]
+
+
+def _plan(tmp_path, text, files=None):
+    (tmp_path / "Dockerfile").write_text(text)
+    for rel, data in (files or {}).items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(data)
+    return dfile.plan(tmp_path / "Dockerfile", tmp_path)
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("FROM ubuntu:24.04\nRUN apt-get update && apt-get install -y jq\n", "`apt-get update`"),
+        ("FROM ubuntu:24.04\nRUN pip install requests\n", "`pip install`"),
+        ("FROM python:3.12\nRUN python -m pip install numpy\n", "`python -m pip install`"),
+        ("FROM ubuntu:24.04\nRUN curl -sSL https://x.sh | sh\n", "`curl`"),
+        ("FROM ghcr.io/someone/custom-image:1\n", "base image 'ghcr.io/someone/custom-image:1'"),
+        ("FROM python:3.12-alpine\n", "base image 'python:3.12-alpine'"),
+        ("FROM debian:12 AS build\nRUN true\nFROM debian:12\n", "multi-stage"),
+        ("FROM debian:12\nUSER nobody\n", "non-root USER"),
+        ("FROM debian:12\nADD https://example.com/x.tgz /app/\n", "from a URL"),
+        ("FROM debian:12\nCOPY --from=build /x /y\n", "COPY --from"),
+        ("FROM debian:12\nSHELL [\"/bin/zsh\", \"-c\"]\n", "SHELL is not supported"),
+        ("FROM debian:12\nRUN --mount=type=cache,target=/x true\n", "BuildKit"),
+    ],
+)
+def test_dockerfiles_needing_docker_say_so_with_the_line(tmp_path, text, needle):
+    with pytest.raises(dfile.NeedsDocker) as info:
+        _plan(tmp_path, text)
+    message = str(info.value)
+    assert needle in message and "--backend docker" in message
+    assert f"Dockerfile:{info.value.lineno}:" in message
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("", "no instructions"),
+        ("RUN true\n", "the first instruction must be FROM"),
+        ("FROM debian:12\nCOPY missing.txt /app/\n", "source 'missing.txt' does not exist"),
+        ("FROM debian:12\nCOPY ../../etc/passwd /app/\n", "outside the build context"),
+        ("FROM debian:12\nRUN echo \\\n", "ends inside a line continuation"),
+        ("FROM debian:12\nCOPY onlyone\n", "needs a source and a destination"),
+        ("FROM debian:12\n!!! nonsense\n", "not an instruction"),
+    ],
+)
+def test_malformed_dockerfiles_are_errors(tmp_path, text, needle):
+    with pytest.raises(dfile.DockerfileError, match="Dockerfile:") as info:
+        _plan(tmp_path, text)
+    assert needle in str(info.value)
+
+
+def test_copy_destinations_resolve_against_workdir(tmp_path):
+    plan = _plan(tmp_path, "FROM debian:12\nWORKDIR /srv\nWORKDIR web\nCOPY a.txt b.txt ./\n"
+                 "COPY --chmod=755 run.sh bin/run\nCOPY conf conf\n",
+                 {"a.txt": "a", "b.txt": "b", "run.sh": "x", "conf/x.ini": "y"})
+    copies = [s for s in plan.steps if isinstance(s, dfile.CopyStep)]
+    assert plan.workdir == "/srv/web"
+    assert [(c.dest, c.dest_is_dir, c.chmod) for c in copies] == [
+        ("/srv/web", True, None), ("/srv/web/bin/run", False, 0o755), ("/srv/web/conf", True, None)]
+
+
+# ---------------------------------------------------------------- attempts and commands
+
+
+def test_attempt_turns_per_layout(tmp_path):
+    tr_task = load_task(TASKS / "tr-count-errors")
+    assert len(runner.attempt_turns(tr_task, "solution")) == 3
+    assert len(runner.attempt_turns(tr_task, "partial")) == 1
+    assert runner.attempt_turns(tr_task, "none") == []
+    harbor = load_task(TASKS / "harbor-csv-total")
+    assert runner.attempt_turns(harbor, "solution") == ["/bin/bash /tmp/.tr-solution/solve.sh"]
+    with pytest.raises(ValueError, match="no partial attempt"):
+        runner.attempt_turns(harbor, "partial")
+    with pytest.raises(ValueError, match="unknown attempt"):
+        runner.attempt_turns(harbor, "best")
+
+
+def test_verifier_command_is_offline_pytest_with_a_junit_report():
+    task = load_task(TASKS / "tb1-word-count")
+    command = runner.verifier_command(task, "/app")
+    assert '"$TR_PYTHON" -P -m pytest' in command
+    assert "--junitxml=/logs/verifier/junit.xml" in command
+    assert command.endswith("/tests/test_outputs.py")
+    assert "uv " not in command and "pip" not in command
+
+
+# ---------------------------------------------------------------- end to end, local sandbox
+
+EXTERNAL = ["tb1-word-count", "tb1-fix-config", "harbor-csv-total", "harbor-archive-logs"]
+
+
+@pytest.mark.parametrize("name", EXTERNAL + ["tr-count-errors"])
+def test_fixture_reference_solution_passes_and_nothing_fails(name):
+    task = load_task(TASKS / name)
+    solved, turns = runner.run_task(task, "solution", "local")
+    assert solved.error is None, (solved.error_detail, solved.log[-2000:])
+    assert solved.strict_pass and solved.matched == solved.executed, solved.to_json(indent=1)
+    assert all(t.exit_code == 0 for t in turns), [t.output for t in turns]
+    nothing, _ = runner.run_task(task, "none", "local")
+    assert nothing.error is None and not nothing.strict_pass
+    assert nothing.matched < nothing.executed
+    assert (solved.task_id, solved.family, solved.tier) == (task.id, task.family, task.tier)
+
+
+def test_tr_partial_attempt_lands_in_between_and_penalties_bite():
+    task = load_task(TASKS / "tr-count-errors")
+    partial, _ = runner.run_task(task, "partial", "local")
+    assert (partial.matched, partial.executed, partial.strict_pass) == (1, 3, False)
+    from tr.envs.sandbox import make_sandbox
+
+    config = runner.sandbox_config(task)
+    with make_sandbox("local", config) as box:
+        runner.prepare(task, box)
+        assert box.read_file("/app/data/README") == b"placeholder kept by setup\n"
+        box.run("cd /app && grep -c ' ERROR ' data/app.log > errors.txt && echo x >> data/app.log")
+        damaged = runner.verify(task, box, config.workdir)
+    checks = {c.name: c.passed for c in damaged.checks}
+    assert checks == {"test_error_count": False, "test_levels": False,
+                      "test_penalty_log_untouched": False, "test_final_gate": False}
+    assert (damaged.matched, damaged.executed) == (-1, 3)
+
+
+def _run_custom(task, commands):
+    from tr.envs.sandbox import make_sandbox
+
+    config = runner.sandbox_config(task)
+    with make_sandbox("local", config) as box:
+        runner.prepare(task, box)
+        for command in commands:
+            box.run(command)
+        return runner.verify(task, box, config.workdir)
+
+
+def test_agent_cannot_shadow_pytest_or_plant_conftest():
+    task = load_task(TASKS / "tb1-word-count")
+    fake = ("import sys\nsys.exit(0)\n")
+    result = _run_custom(task, [
+        f"printf '{fake}' > /app/pytest.py",
+        "printf 'def pytest_collection_modifyitems(items):\\n    items.clear()\\n' > /app/conftest.py",
+    ])
+    assert result.error is None and result.executed == 3 and result.matched == 0
+
+
+def _tr_task(tmp_path, tests: str, *, setup: str | None = None, timeout: int = 60) -> Path:
+    task_dir = tmp_path / "t-task"
+    (task_dir / "tests").mkdir(parents=True)
+    (task_dir / "task.toml").write_text(
+        f'[metadata]\nfamily = "x"\ntier = "easy"\n[verifier]\ntimeout_sec = {timeout}\n'
+        + ('[environment]\nsetup = "environment/setup.sh"\n' if setup else ""))
+    (task_dir / "instruction.md").write_text("Do the thing.\n")
+    (task_dir / "tests" / "test_x.py").write_text(tests)
+    if setup:
+        (task_dir / "environment").mkdir()
+        (task_dir / "environment" / "setup.sh").write_text(setup)
+    return task_dir
+
+
+def test_verifier_timeout_is_reported_as_a_verifier_error(tmp_path):
+    task = load_task(_tr_task(tmp_path, "import time\n\ndef test_slow():\n    time.sleep(60)\n",
+                              timeout=3))
+    result, _ = runner.run_task(task, "none", "local")
+    assert result.error == "timeout" and not result.strict_pass and result.executed == 0
+
+
+def test_pytest_crash_is_reported_as_a_verifier_error(tmp_path):
+    task_dir = _tr_task(tmp_path, "def test_x():\n    pass\n")
+    (task_dir / "tests" / "conftest.py").write_text("def pytest_configure(config):\n"
+                                                    "    raise RuntimeError('broken harness')\n")
+    result, _ = runner.run_task(load_task(task_dir), "none", "local")
+    assert result.error in ("crash", "parse_error") and "broken harness" in result.log
+
+
+def test_failing_setup_is_an_environment_error_not_an_agent_failure(tmp_path):
+    task = load_task(_tr_task(tmp_path, "def test_x():\n    pass\n",
+                              setup="echo preparing\nexit 3\n"))
+    result, turns = runner.run_task(task, "none", "local")
+    assert result.error == "environment" and "exit code 3" in result.error_detail
+    assert "preparing" in result.error_detail and turns == []
+
+
+def test_docker_only_task_refuses_the_local_backend_clearly(tmp_path):
+    task_dir = tmp_path / "needs-apt"
+    (task_dir / "environment").mkdir(parents=True)
+    (task_dir / "tests").mkdir()
+    (task_dir / "task.toml").write_text('[metadata]\ndifficulty = "easy"\n')
+    (task_dir / "instruction.md").write_text("Use jq.\n")
+    (task_dir / "tests" / "test_x.py").write_text("def test_x():\n    pass\n")
+    (task_dir / "environment" / "Dockerfile").write_text(
+        "FROM ubuntu:24.04\nWORKDIR /app\nRUN apt-get update && apt-get install -y jq\n")
+    task = load_task(task_dir)
+    with pytest.raises(runner.NeedsDocker, match=r"Dockerfile:3: .*needs the Docker backend"):
+        runner.run_task(task, "none", "local")
+
+
+def test_failing_dockerfile_run_step_names_the_line(tmp_path):
+    task_dir = tmp_path / "bad-run"
+    (task_dir / "environment").mkdir(parents=True)
+    (task_dir / "tests").mkdir()
+    (task_dir / "task.toml").write_text('[metadata]\ndifficulty = "easy"\n')
+    (task_dir / "instruction.md").write_text("x\n")
+    (task_dir / "tests" / "test_x.py").write_text("def test_x():\n    pass\n")
+    (task_dir / "environment" / "Dockerfile").write_text(
+        "FROM debian:12\nWORKDIR /app\nRUN echo step-output && false\n")
+    result, _ = runner.run_task(load_task(task_dir), "none", "local")
+    assert result.error == "environment"
+    assert "RUN at environment/Dockerfile:3" in result.error_detail
+    assert "step-output" in result.error_detail
