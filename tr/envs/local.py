@@ -1,0 +1,494 @@
+"""The local sandbox: bubblewrap, no network, own PID namespace, cgroup limits.
+
+Layout inside: host ``/usr`` (and the merged-/usr links ``/bin``, ``/lib*``, ``/sbin``) read-only;
+``/proc`` and a minimal ``/dev`` of its own; writable ``/app`` (the workdir), ``/root`` (home),
+``/tmp`` and a copy of the host ``/etc`` (secrets such as shadow files and ssh keys left out), all
+folders of one size-limited tmpfs (:mod:`tr.envs.workspace`).  Nothing else of the host exists
+inside (no ``/work``, no host ``/root``).  All namespaces are unshared, capabilities dropped,
+``--die-with-parent`` and ``--new-session``.
+
+Limits: a cgroup v1 per sandbox (``pids.max``, ``memory.limit_in_bytes`` + ``memsw``) when the host
+allows it, else RLIMIT_AS and RLIMIT_NPROC (NPROC then counts per uid, a weaker bound);
+RLIMIT_FSIZE and RLIMIT_CPU always.  Disk: the tmpfs ``size=``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import resource
+import secrets
+import shutil
+import subprocess
+import threading
+import time
+import weakref
+from pathlib import Path
+
+from tr.envs import cgroups
+from tr.envs.sandbox import (CommandResult, SandboxConfig, SandboxError, Snapshot,
+                             snapshot_fields)
+from tr.envs.shell import PipeIO, ShellProcess, ShellSession, run_to_eof
+from tr.envs.workspace import HostWorkspace, default_state_dir, reap_stale
+
+BWRAP = shutil.which("bwrap") or "/usr/bin/bwrap"
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+CGROUP_GROUP = "tr-sandboxes"
+# Host /etc entries never copied into a sandbox (secrets, engine configs).
+ETC_EXCLUDE = ("shadow", "shadow-", "gshadow", "gshadow-", "ssh", "ssl/private", "docker",
+               "containerd", "sudoers", "sudoers.d", "security/opasswd", "machine-id",
+               "ld.so.preload")
+
+_OPEN: "weakref.WeakSet[LocalSandbox]" = weakref.WeakSet()
+_etc_lock = threading.Lock()
+_reaped = False
+
+
+@atexit.register
+def _close_all() -> None:
+    for sb in list(_OPEN):
+        try:
+            sb.close()
+        except Exception:
+            pass
+
+
+def etc_template(state_dir: Path) -> Path:
+    """A cached copy of host /etc minus :data:`ETC_EXCLUDE` (built once, atomically)."""
+    dest = state_dir / "etc-template"
+    with _etc_lock:
+        if dest.is_dir():
+            return dest
+        tmp = state_dir / f"etc-template.{os.getpid()}.{secrets.token_hex(4)}"
+        shutil.copytree("/etc", tmp, symlinks=True, ignore_dangling_symlinks=True,
+                        ignore=_etc_ignore)
+        (tmp / "hostname").write_text("tr-sandbox\n")
+        try:
+            os.rename(tmp, dest)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return dest
+
+
+def _etc_ignore(directory: str, names: list[str]) -> set[str]:
+    rel = os.path.relpath(directory, "/etc")
+    skip = set()
+    for n in names:
+        path = n if rel == "." else os.path.join(rel, n)
+        if path in ETC_EXCLUDE:
+            skip.add(n)
+        elif not os.access(os.path.join(directory, n), os.R_OK):
+            skip.add(n)
+    return skip
+
+
+def _system_binds() -> list[str]:
+    args = ["--ro-bind", "/usr", "/usr"]
+    for d in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        p = "/" + d
+        if os.path.islink(p):
+            args += ["--symlink", os.readlink(p), p]
+        elif os.path.isdir(p):
+            args += ["--ro-bind", p, p]
+    return args
+
+
+class LocalSandbox:
+    """A bubblewrap sandbox (see module doc).  Use as a context manager."""
+
+    backend = "local"
+
+    def __init__(self, config: SandboxConfig):
+        if not os.path.exists(BWRAP):
+            raise SandboxError("bubblewrap (bwrap) is not installed; run launch/setup.sh "
+                               "(apt-get install bubblewrap)")
+        self.config = config
+        self.state_dir = Path(config.state_dir) if config.state_dir else default_state_dir()
+        self.areas = {config.workdir: "app", "/root": "home", "/tmp": "tmp", "/etc": "etc"}
+        if config.workdir in ("/root", "/tmp", "/etc"):
+            raise ValueError(f"SandboxConfig.workdir {config.workdir!r} collides with a "
+                             "built-in writable area")
+        self.ws: HostWorkspace | None = None
+        self.tree: cgroups.CgroupTree | None = None
+        self.session: ShellSession | None = None
+        self._fresh_count = 0
+        self._closed = False
+        self._started = False
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def start(self, _from_snapshot: str | None = None) -> "LocalSandbox":
+        global _reaped
+        if self._started:
+            return self
+        self._started = True
+        _OPEN.add(self)
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            if not _reaped:
+                _reaped = True
+                reap_stale(self.state_dir)
+                reap_stale_cgroups()
+            self.ws = HostWorkspace(self.areas, self.config.disk_mb, self.state_dir,
+                                    overlays={"etc": str(etc_template(self.state_dir))})
+            if _from_snapshot is not None:
+                self.ws.load(Path(_from_snapshot))
+            self.tree = self._make_cgroups()
+            tracker = (cgroups.CgroupTracker(self.tree) if self.tree is not None else None)
+            self.session = ShellSession(self._spawn_shell, tracker or _LazyScan(self),
+                                        self.config.output_cap_bytes,
+                                        init=f"cd {self.config.workdir}")
+            self.session.ensure_started()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _make_cgroups(self) -> cgroups.CgroupTree | None:
+        if not cgroups.cgroup_v1_writable():
+            return None
+        name = self.ws.root.name
+        root = cgroups.CGROUP_V1
+        parents = {}
+        for c in ("pids", "freezer"):
+            (root / c / CGROUP_GROUP).mkdir(exist_ok=True)
+            parents[c] = root / c / CGROUP_GROUP / name
+        mem = root / "memory" / cgroups.own_cgroup("memory") / CGROUP_GROUP
+        mem.mkdir(parents=True, exist_ok=True)
+        parents["memory"] = mem / name
+        mem_bytes = str(self.config.memory_mb * 1024 * 1024)
+        limits = {"pids.max": str(self.config.pids),
+                  "memory.limit_in_bytes": mem_bytes,
+                  "memory.memsw.limit_in_bytes": mem_bytes}
+        return cgroups.CgroupTree(parents, owned=True, limits=limits)
+
+    def _bwrap_args(self, extra_ro_binds=(), etc_binds=()) -> list[str]:
+        ws, cfg = self.ws, self.config
+        args = [BWRAP, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+                "--hostname", "tr-sandbox"]
+        if cfg.network:
+            args.append("--share-net")
+        args += _system_binds()
+        args += ["--proc", "/proc", "--dev", "/dev",
+                 "--bind", ws.host_dir("etc"), "/etc",
+                 "--bind", ws.host_dir("home"), "/root",
+                 "--bind", ws.host_dir("tmp"), "/tmp",
+                 "--bind", ws.host_dir("app"), cfg.workdir,
+                 "--dir", "/var", "--symlink", "../tmp", "/var/tmp"]
+        for src, dst in etc_binds:
+            args += ["--ro-bind", str(src), str(dst)]
+        for src, dst in extra_ro_binds:
+            if not os.path.exists(src):
+                raise SandboxError(f"extra_ro_binds: host path {src} does not exist")
+            args += ["--ro-bind", str(src), str(dst)]
+        args += ["--chdir", cfg.workdir]
+        return args
+
+    def _env(self, extra: dict | None = None) -> dict:
+        env = {"PATH": SANDBOX_PATH, "HOME": "/root", "USER": "root", "LOGNAME": "root",
+               "TERM": "dumb", "LANG": "C.UTF-8", "SHELL": "/bin/bash", "TMPDIR": "/tmp",
+               "PAGER": "cat", "GIT_PAGER": "cat"}
+        env.update(self.config.env)
+        env.update(extra or {})
+        return env
+
+    def _preexec(self, cgroup_child: str | None):
+        cfg = self.config
+        files = self.tree.join_files(cgroup_child) if self.tree is not None else []
+        mb = 1024 * 1024
+
+        def fn():
+            for f in files:
+                with open(f, "w") as fh:
+                    fh.write(str(os.getpid()))
+            resource.setrlimit(resource.RLIMIT_FSIZE, (cfg.file_size_mb * mb,) * 2)
+            resource.setrlimit(resource.RLIMIT_CPU, (cfg.cpu_time_s, cfg.cpu_time_s))
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            if not files:
+                resource.setrlimit(resource.RLIMIT_AS, (cfg.memory_mb * mb,) * 2)
+                resource.setrlimit(resource.RLIMIT_NPROC, (cfg.pids, cfg.pids))
+        return fn
+
+    def _spawn_shell(self) -> ShellProcess:
+        stdin_r, stdin_w = os.pipe()
+        out_r, out_w = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                self._bwrap_args() + ["/bin/bash", "--noprofile", "--norc"],
+                stdin=stdin_r, stdout=out_w, stderr=out_w, env=self._env(),
+                preexec_fn=self._preexec("base"), close_fds=True)
+        finally:
+            os.close(stdin_r)
+            os.close(out_w)
+        self._bwrap = proc
+        shell_pid = _grandchild(proc)
+
+        def kill():
+            try:
+                proc.kill()
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+        return ShellProcess(io=PipeIO(stdin_w, out_r), pid=shell_pid, exit_code=proc.poll,
+                            kill=kill)
+
+    # --- commands --------------------------------------------------------------------------
+    def _require(self) -> None:
+        if self._closed:
+            raise SandboxError("sandbox is closed")
+        if not self._started:
+            raise SandboxError("sandbox not started: call start() or use it as a context manager")
+
+    def run(self, command: str, timeout_s: float = 30.0) -> CommandResult:
+        self._require()
+        return self.session.run(command, timeout_s)
+
+    def run_fresh(self, command: str, timeout_s: float = 30.0, *, extra_ro_binds=(),
+                  env: dict | None = None, etc_binds=(), clean_env: bool = False
+                  ) -> CommandResult:
+        """Run ``command`` with ``bash -c`` in a new process tree (own PID namespace) over the
+        same files -- not the agent's shell.  ``clean_env``: only PATH/HOME/LANG + ``env``."""
+        self._require()
+        if not (timeout_s > 0):
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        self._fresh_count += 1
+        child = f"fresh-{self._fresh_count}"
+        if self.tree is not None:
+            self.tree.make_child(child)
+        base_env = ({"PATH": SANDBOX_PATH, "HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb"}
+                    if clean_env else self._env())
+        base_env.update(env or {})
+        out_r, out_w = os.pipe()
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.Popen(
+                self._bwrap_args(extra_ro_binds, etc_binds)
+                + ["/bin/bash", "--noprofile", "--norc", "-c", command],
+                stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w, env=base_env,
+                preexec_fn=self._preexec(child if self.tree is not None else None),
+                close_fds=True)
+        finally:
+            os.close(out_w)
+        io = PipeIO(-1, out_r)
+
+        def on_timeout():
+            if self.tree is not None:
+                self.tree.kill(child)
+                self.tree.set_frozen(child, False)
+            proc.kill()
+
+        try:
+            out, timed_out, _ = run_to_eof(io, self.config.output_cap_bytes, timeout_s,
+                                           on_timeout)
+        finally:
+            try:
+                os.close(out_r)
+            except OSError:
+                pass
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            if self.tree is not None:
+                self.tree.kill(child)
+                self.tree.remove_child(child)
+        code = None if timed_out else proc.returncode
+        if timed_out:
+            out.add(f"\n[command timed out after {timeout_s:g}s; its processes were killed]\n"
+                    .encode())
+        return CommandResult(output=out.text(), exit_code=code, timed_out=timed_out,
+                             truncated=out.truncated, duration_s=time.monotonic() - t0,
+                             output_bytes=out.total)
+
+    # --- files -----------------------------------------------------------------------------
+    def write_file(self, sandbox_path, data: bytes | str, mode: int = 0o644) -> None:
+        self._require()
+        if isinstance(data, str):
+            data = data.encode()
+        self.ws.write_file(sandbox_path, data, mode)
+
+    def read_file(self, sandbox_path) -> bytes:
+        self._require()
+        return self.ws.read_file(sandbox_path)
+
+    def copy_in(self, host_path, sandbox_path) -> None:
+        self._require()
+        self.ws.copy_in(host_path, sandbox_path)
+
+    def copy_out(self, sandbox_path, host_path, *, keep_symlinks: bool = True) -> list[str]:
+        self._require()
+        return self.ws.copy_out(sandbox_path, host_path, keep_symlinks=keep_symlinks)
+
+    def remove_path(self, sandbox_path) -> None:
+        """Delete a file, link or folder (not following links) in a writable area."""
+        self._require()
+        area, parts = self.ws.locate(sandbox_path, follow_last=False)
+        if not parts:
+            raise SandboxError(f"remove_path: {sandbox_path!r} is an area folder")
+        dfd = self.ws.open_dir(area, parts[:-1], create=False)
+        try:
+            try:
+                st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                return
+            import stat as _stat
+            if _stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(parts[-1], dir_fd=dfd)
+            else:
+                os.unlink(parts[-1], dir_fd=dfd)
+        finally:
+            os.close(dfd)
+
+    # --- state -----------------------------------------------------------------------------
+    def snapshot(self, *, persist: bool | None = None) -> Snapshot:
+        """Copy every writable area (processes frozen meanwhile, so the copy is consistent)."""
+        self._require()
+        persist = self.config.persist_snapshots if persist is None else persist
+        sid = f"local-{secrets.token_hex(8)}"
+        dest = (self.state_dir / "snapshots" / sid) if persist else (self.ws.root / "snaps" / sid)
+        if self.tree is not None:
+            self.tree.set_frozen(None, True)
+        try:
+            self.ws.save(dest)
+        finally:
+            if self.tree is not None:
+                self.tree.set_frozen(None, False)
+        return Snapshot(id=sid, backend="local", location=str(dest), persistent=persist)
+
+    def restore(self, snapshot) -> None:
+        """Files, modes and links of every writable area become the snapshot's; running
+        processes (the shell included) are stopped -- the next command gets a new shell."""
+        self._require()
+        snapshot = snapshot_fields(snapshot)
+        if snapshot.backend != "local":
+            raise SandboxError(f"cannot restore a {snapshot.backend!r} snapshot into a local "
+                               "sandbox")
+        self.end_session()
+        self.ws.load(Path(snapshot.location))
+
+    def fork(self, snapshot) -> "LocalSandbox":
+        """A new started sandbox whose areas are a copy of ``snapshot``."""
+        self._require()
+        snapshot = snapshot_fields(snapshot)
+        if snapshot.backend != "local":
+            raise SandboxError(f"cannot fork a {snapshot.backend!r} snapshot locally")
+        child = LocalSandbox(self.config)
+        return child.start(_from_snapshot=snapshot.location)
+
+    def end_session(self) -> None:
+        """Stop the agent's shell and every process it started; files stay."""
+        if self.session is not None:
+            self.session.kill_shell()
+
+    def verifier_mounts(self, python_root: str, site_packages: str) -> tuple[str, list]:
+        """Read-only binds that show the host interpreter at its own path and the project's
+        site-packages as its site-packages; the loader config comes from the pristine /etc."""
+        tmpl = etc_template(self.state_dir)
+        binds = [(python_root, python_root)]
+        version_dir = next(Path(python_root, "lib").glob("python3*"))
+        binds.append((site_packages, str(version_dir / "site-packages")))
+        etc = [(str(tmpl / n), f"/etc/{n}") for n in ("ld.so.cache", "ld.so.conf", "ld.so.conf.d")
+               if (tmpl / n).exists()]
+        return "", binds + etc
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.session is not None:
+                self.session.kill_shell()
+        finally:
+            try:
+                if self.tree is not None:
+                    self.tree.destroy()
+            finally:
+                if self.ws is not None:
+                    self.ws.close()
+                _OPEN.discard(self)
+
+    def __enter__(self) -> "LocalSandbox":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _LazyScan:
+    """ScanTracker rooted at the current bwrap process (fallback without cgroups)."""
+
+    def __init__(self, sandbox: LocalSandbox):
+        self.sandbox = sandbox
+        self.inner: cgroups.ScanTracker | None = None
+
+    def _get(self) -> cgroups.ScanTracker:
+        pid = self.sandbox._bwrap.pid
+        if self.inner is None or self.inner.root_pid != pid:
+            self.inner = cgroups.ScanTracker(pid)
+        return self.inner
+
+    def begin(self, shell_pid):
+        self._get().begin(shell_pid)
+
+    def end(self, shell_pid):
+        self._get().end(shell_pid)
+
+    def kill_command(self, shell_pid):
+        self._get().kill_command(shell_pid)
+
+    def sweep(self, shell_pid):
+        self._get().sweep(shell_pid)
+
+    def kill_session(self, shell_pid):
+        self._get().kill_session(shell_pid)
+
+
+def _grandchild(proc: subprocess.Popen, timeout_s: float = 5.0) -> int:
+    """Host pid of the shell: bwrap -> bwrap's PID-1 -> bash."""
+    deadline = time.monotonic() + timeout_s
+    pid = proc.pid
+    for _ in range(2):
+        while True:
+            try:
+                kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            except FileNotFoundError:
+                kids = []
+            if kids:
+                pid = int(kids[0])
+                break
+            if proc.poll() is not None:
+                raise SandboxError(f"bubblewrap exited with {proc.returncode} before the shell "
+                                   "started")
+            if time.monotonic() > deadline:
+                raise SandboxError("bubblewrap did not start the shell within "
+                                   f"{timeout_s:g}s")
+            time.sleep(0.0002)
+    return pid
+
+
+def reap_stale_cgroups() -> None:
+    """Remove empty cgroups left by sandboxes of processes killed with -9."""
+    from tr.envs.workspace import _proc_start_time
+    root = cgroups.CGROUP_V1
+    dirs = [root / "pids" / CGROUP_GROUP, root / "freezer" / CGROUP_GROUP,
+            root / "memory" / cgroups.own_cgroup("memory") / CGROUP_GROUP]
+    for d in dirs:
+        if not d.is_dir():
+            continue
+        for entry in d.iterdir():
+            if not entry.is_dir() or not entry.name.startswith("tr-sbx-"):
+                continue
+            try:
+                pid_s, start, _ = entry.name[len("tr-sbx-"):].split("-", 2)
+            except ValueError:
+                continue
+            if _proc_start_time(int(pid_s)) == start:
+                continue
+            for sub in sorted(entry.glob("*/"), reverse=True):
+                try:
+                    sub.rmdir()
+                except OSError:
+                    pass
+            try:
+                entry.rmdir()
+            except OSError:
+                pass

@@ -1,0 +1,205 @@
+"""The sandbox interface: one protocol, two backends (``local`` bubblewrap, ``docker``).
+
+A :class:`Sandbox` holds one persistent shell per episode (cwd, variables, functions and background
+jobs persist), runs commands with timeouts that stop the whole process tree the command started,
+caps the combined output (head and tail kept), copies files in and out without following links
+planted inside, and snapshots / restores / forks its writable state.  Backends:
+``tr.envs.local.LocalSandbox`` and ``tr.envs.docker_sandbox.DockerSandbox``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+BACKENDS = ("local", "docker")
+
+
+class SandboxError(RuntimeError):
+    """A sandbox could not do what was asked (bad path, backend missing, engine failure)."""
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What one command did.
+
+    ``output`` is stdout+stderr combined, capped: when longer than the cap, the first and last
+    ``cap/2`` bytes are kept with a ``[... N bytes cut ...]`` marker between them.
+    ``exit_code`` is ``None`` when the command was stopped (timeout) or its shell died.
+    """
+
+    output: str
+    exit_code: int | None
+    timed_out: bool
+    truncated: bool
+    duration_s: float
+    output_bytes: int = 0          # total bytes the command wrote (before the cap)
+    shell_restarted: bool = False  # the persistent shell had to be replaced (state lost)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """Limits and layout of one sandbox (both backends unless noted).
+
+    ``disk_mb`` bounds the writable task areas (/app, home, /tmp; local: also /etc) together: a
+    size-limited tmpfs, so filling it fails with ENOSPC.  ``persist_snapshots``: snapshots outlive
+    the sandbox that took them (e.g. to restore a recovery rollout later) until
+    :func:`discard_snapshot`.
+    """
+
+    workdir: str = "/app"
+    env: dict = field(default_factory=dict)
+    memory_mb: int = 2048
+    pids: int = 256
+    file_size_mb: int = 1024
+    cpu_time_s: int = 600
+    output_cap_bytes: int = 10_000
+    network: bool = False
+    image: str | None = None        # docker only: the task image (default: the built tr base image)
+    disk_mb: int = 1024
+    cpus: float = 1.0               # docker only: CPU quota in cores
+    persist_snapshots: bool = False
+    state_dir: str | None = None    # host folder for sandbox roots and snapshots (default: $TMPDIR)
+
+    def __post_init__(self):
+        for name in ("memory_mb", "pids", "file_size_mb", "cpu_time_s", "output_cap_bytes",
+                     "disk_mb"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"SandboxConfig.{name} must be a positive int, got {value!r}")
+        if not isinstance(self.workdir, str) or not self.workdir.startswith("/"):
+            raise ValueError(f"SandboxConfig.workdir must be an absolute path, got {self.workdir!r}")
+        if not isinstance(self.env, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
+            raise ValueError(f"SandboxConfig.env must map str to str, got {self.env!r}")
+        if not (isinstance(self.cpus, (int, float)) and self.cpus > 0):
+            raise ValueError(f"SandboxConfig.cpus must be > 0, got {self.cpus!r}")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A saved sandbox state.  ``location`` is the host folder holding the writable areas;
+    ``image`` the committed Docker image (docker only).  JSON-able: all fields are plain."""
+
+    id: str
+    backend: str
+    location: str
+    image: str = ""
+    persistent: bool = False
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """One episode's isolated machine.  A context manager: ``close()`` runs on every exit path."""
+
+    config: SandboxConfig
+
+    def start(self) -> "Sandbox": ...
+
+    def run(self, command: str, timeout_s: float = 30.0) -> CommandResult: ...
+
+    def run_fresh(self, command: str, timeout_s: float = 30.0, *, extra_ro_binds=(),
+                  env: dict | None = None) -> CommandResult: ...
+
+    def copy_in(self, host_path, sandbox_path) -> None: ...
+
+    def copy_out(self, sandbox_path, host_path) -> None: ...
+
+    def write_file(self, sandbox_path, data: bytes | str, mode: int = 0o644) -> None: ...
+
+    def read_file(self, sandbox_path) -> bytes: ...
+
+    def snapshot(self, *, persist: bool | None = None) -> Snapshot: ...
+
+    def restore(self, snapshot: Snapshot) -> None: ...
+
+    def fork(self, snapshot: Snapshot) -> "Sandbox": ...
+
+    def end_session(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> "Sandbox": ...
+
+    def __exit__(self, *exc) -> None: ...
+
+
+def make_sandbox(backend: str, config: SandboxConfig | None = None) -> Sandbox:
+    """A not-yet-started sandbox of ``backend`` ('local' or 'docker')."""
+    config = SandboxConfig() if config is None else config
+    if not isinstance(config, SandboxConfig):
+        raise TypeError(f"make_sandbox: config must be a SandboxConfig, got {type(config).__name__}")
+    if backend == "local":
+        from tr.envs.local import LocalSandbox
+        return LocalSandbox(config)
+    if backend == "docker":
+        from tr.envs.docker_sandbox import DockerSandbox
+        return DockerSandbox(config)
+    raise ValueError(f"make_sandbox: unknown backend {backend!r}; expected one of {BACKENDS}")
+
+
+def discard_snapshot(snapshot: Snapshot) -> None:
+    """Delete a (persistent) snapshot: its host folder and, for docker, its image."""
+    if snapshot.image:
+        from tr.envs.docker_sandbox import remove_image
+        remove_image(snapshot.image)
+    if snapshot.location and os.path.isdir(snapshot.location):
+        shutil.rmtree(snapshot.location, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Output capping, shared by both backends.
+
+class CappedOutput:
+    """Keeps the first ``cap//2`` and last ``cap - cap//2`` bytes of a stream; memory <= cap."""
+
+    def __init__(self, cap: int):
+        self.cap = cap
+        self.head_cap = cap // 2
+        self.tail_cap = cap - self.head_cap
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def add(self, data: bytes) -> None:
+        self.total += len(data)
+        if len(self.head) < self.head_cap:
+            take = self.head_cap - len(self.head)
+            self.head += data[:take]
+            data = data[take:]
+        if data:
+            if len(data) >= self.tail_cap:
+                self.tail = bytearray(data[len(data) - self.tail_cap:])
+            else:
+                self.tail += data
+                if len(self.tail) > self.tail_cap:
+                    del self.tail[:len(self.tail) - self.tail_cap]
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > len(self.head) + len(self.tail)
+
+    def text(self) -> str:
+        if not self.truncated:
+            return (bytes(self.head) + bytes(self.tail)).decode("utf-8", errors="replace")
+        cut = self.total - len(self.head) - len(self.tail)
+        return (self.head.decode("utf-8", errors="replace")
+                + f"\n[... {cut} bytes of output cut ...]\n"
+                + self.tail.decode("utf-8", errors="replace"))
+
+
+def snapshot_fields(snapshot) -> Snapshot:
+    """Accept a Snapshot or its ``dataclasses.asdict`` form; a clear error otherwise."""
+    if isinstance(snapshot, Snapshot):
+        return snapshot
+    if isinstance(snapshot, dict):
+        known = {f.name for f in dataclasses.fields(Snapshot)}
+        return Snapshot(**{k: v for k, v in snapshot.items() if k in known})
+    raise TypeError(f"expected a Snapshot, got {type(snapshot).__name__}: {snapshot!r}")
