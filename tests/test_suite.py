@@ -1,0 +1,61 @@
+"""The built-in suite (tr/envs/suite): every task, run for real on the local backend.
+
+For each task: it validates; the reference solution passes strictly; doing nothing fails with
+P below executed (and no scenario check passes on the untouched state); the partial attempt
+lands strictly in between (not strict, P above nothing's). One sandbox per task and attempt.
+"""
+
+from collections import Counter
+
+import pytest
+
+from tr.envs.tasks import SUITE_DIR, TIERS, load_suite, load_task, validate_task
+from tr.envs.tasks import runner
+from tr.envs.tasks.loader import task_dirs
+
+SUITE = task_dirs(SUITE_DIR)
+
+
+def test_suite_size_families_and_tiers():
+    tasks = load_suite()
+    assert len(tasks) >= 48, len(tasks)
+    families = Counter(t.family for t in tasks)
+    assert len(families) >= 8, families
+    tiers = Counter(t.tier for t in tasks)
+    assert set(tiers) == set(TIERS), tiers
+    assert all(t.layout == "tr" for t in tasks)
+    assert len({t.id for t in tasks}) == len(tasks)
+
+
+def _describe(result) -> str:
+    lines = [f"P={result.matched} executed={result.executed} S={result.strict_pass} "
+             f"error={result.error} {result.error_detail[:500]}"]
+    lines += [f"  {c.outcome:7} {c.name}: {c.message[:200]}" for c in result.checks]
+    return "\n".join(lines) + "\n" + result.log[-1500:]
+
+
+@pytest.mark.parametrize("task_dir", SUITE, ids=[p.name for p in SUITE])
+def test_task_solution_passes_nothing_fails_partial_in_between(task_dir):
+    assert validate_task(task_dir) == []
+    task = load_task(task_dir)
+    assert task.verifier.final_gate, "every built-in task names a final gate"
+    assert task.solution is not None and task.partial is not None
+
+    solved, turns = runner.run_task(task, "solution", "local")
+    assert solved.error is None and solved.strict_pass, _describe(solved)
+    assert solved.executed >= 3, "several scenario checks"
+    assert solved.matched == solved.executed
+    failed_turns = [(i, t.exit_code, t.output[-300:]) for i, t in enumerate(turns, 1)
+                    if t.exit_code != 0]
+    assert not failed_turns, failed_turns
+    assert len(turns) <= task.budgets.max_turns
+
+    nothing, _ = runner.run_task(task, "none", "local")
+    assert nothing.error is None and not nothing.strict_pass, _describe(nothing)
+    assert nothing.executed == solved.executed
+    assert nothing.matched < nothing.executed
+    assert nothing.matched <= 0, "a no-op must pass no scenario check:\n" + _describe(nothing)
+
+    partial, _ = runner.run_task(task, "partial", "local")
+    assert partial.error is None and not partial.strict_pass, _describe(partial)
+    assert nothing.matched < partial.matched < solved.matched, _describe(partial)
