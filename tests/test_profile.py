@@ -178,7 +178,8 @@ def test_command_without_out_prints_the_json(tmp_path, capsys):
 
 def test_command_rejects_bad_input_and_a_bad_quantile(tmp_path, capsys):
     path = tmp_path / "p.jsonl"
-    path.write_text('{"family": "a", "matched": 1, "executed": -1, "strict_pass": true, "turns": 1}\n')
+    bad = {"family": "a", "matched": 1, "executed": -1, "strict_pass": True, "turns": 1}
+    path.write_text(json.dumps(bad) + "\n")
     assert profile.main([str(path), "--out", str(tmp_path / "s.json")]) == 2
     assert f"error: {path}:1: field 'executed' must be >= 0, got -1" in capsys.readouterr().err
     assert not (tmp_path / "s.json").exists()

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tr.rewards import profile, rescore, shaping
+from tr.rewards import profile, rescore
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "rewards"
@@ -256,7 +256,8 @@ def test_main_skip_bad_reports_and_skips(tmp_path, capsys):
     rows = [{"family": "a", "matched": m, "executed": 4, "strict_pass": m == 4, "turns": 2}
             for m in (4, 2, 1)]
     lines = [json.dumps(r) for r in rows]
-    lines.insert(1, '{"family": "a", "matched": 1, "executed": -3, "strict_pass": false, "turns": 1}')
+    bad = {"family": "a", "matched": 1, "executed": -3, "strict_pass": False, "turns": 1}
+    lines.insert(1, json.dumps(bad))
     path = tmp_path / "t.jsonl"
     path.write_text("\n".join(lines) + "\n")
     assert rescore.main([str(path), "--skip-bad", "--json"]) == 0

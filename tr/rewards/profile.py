@@ -104,7 +104,7 @@ def _where(paths: Sequence[tuple[str, ...]]) -> str:
 
 
 def parse_trajectory(record: Any) -> dict[str, Any]:
-    """One decoded JSON line → ``{family, matched, executed, strict_pass, turns}``; ValueError if bad."""
+    """A decoded JSON line → ``{family, matched, executed, strict_pass, turns}``; ValueError if bad."""
     if not isinstance(record, Mapping):
         raise ValueError(f"expected a JSON object, got {type(record).__name__}")
     status = record.get("status")
@@ -322,7 +322,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {args.out}: cannot write: {error}", file=sys.stderr)
             return 2
         print(format_scale_table(table))
-        print(f"wrote {args.out} ({len(table)} families, {len(trajectories.families)} trajectories)")
+        n = len(trajectories.families)
+        print(f"wrote {args.out} ({len(table)} families, {n} trajectories)")
     else:
         sys.stdout.write(text)
     return 0

@@ -130,7 +130,7 @@ def family_scales(
 def fdr(
     matched: Num[ArrayLike, "*batch"], scale: Num[ArrayLike, "*batch"]
 ) -> Float[Array, "*batch"]:
-    """Family dense reward ``R_FDR = max(P / D, 0)`` (float32; ``scale`` broadcasts, must be > 0)."""
+    """Family dense reward ``R_FDR = max(P / D, 0)`` (float32; ``scale`` > 0 broadcasts)."""
     matched = jnp.asarray(matched, dtype=jnp.float32)
     scale = jnp.asarray(scale, dtype=jnp.float32)
     reward = jnp.maximum(matched / scale, jnp.float32(0.0))
@@ -138,8 +138,10 @@ def fdr(
     return reward
 
 
-def progress(matched: Num[ArrayLike, "*batch"], scale: Num[ArrayLike, "*batch"]) -> Float[Array, "*batch"]:
-    """SPR progress term ``g(P) = P⁺ / (P⁺ + D')``, in ``[0, 1)``: increasing and concave in ``P⁺``.
+def progress(
+    matched: Num[ArrayLike, "*batch"], scale: Num[ArrayLike, "*batch"]
+) -> Float[Array, "*batch"]:
+    """SPR progress term ``g(P) = P⁺ / (P⁺ + D')`` in ``[0, 1)``, increasing and concave in ``P⁺``.
 
     ``g'(P) = D' / (P + D')² > 0`` and ``g''(P) = -2 D' / (P + D')³ < 0``. Clamped to
     ``1 - 2⁻²³`` so the strict bound survives float32 rounding for astronomically large ``P``.
