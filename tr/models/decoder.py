@@ -1,0 +1,346 @@
+"""Qwen3 decoder in flax.nnx: RMSNorm, rotary embeddings, grouped-query attention with q/k RMSNorm,
+SwiGLU MLP, tied or untied embeddings, a KV cache for decoding, and chunked token log-probs.
+
+Conventions follow Hugging Face `Qwen3ForCausalLM` exactly (so `weights.py` can load real
+checkpoints): `RMSNorm(x) = w * x / sqrt(mean(x^2) + eps)` in float32; rotary embedding with the
+"rotate half" layout (`x * cos + rotate_half(x) * sin`, frequencies `theta^(-2i/d)` repeated over
+the two halves); q/k RMSNorm over `head_dim` applied per head before the rotation; attention scale
+`1/sqrt(head_dim)`; MLP `down(silu(gate(x)) * up(x))`.
+
+Parameters carry logical axis names (`logical_axes` metadata, see `sharding.py`); activations are
+constrained by logical names through `sharding.constrain`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+from jaxtyping import Array, Bool, Float, Int
+
+from tr.models.config import ModelConfig
+from tr.models.sharding import constrain
+
+_INIT_STD = 0.02
+
+
+def _param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str | None, ...], dtype: Any,
+           init: str = "normal") -> nnx.Param:
+    if init == "ones":
+        value = jnp.ones(shape, dtype)
+    elif init == "zeros":
+        value = jnp.zeros(shape, dtype)
+    else:
+        value = (jax.random.normal(rngs.params(), shape, jnp.float32) * _INIT_STD).astype(dtype)
+    return nnx.Param(value, logical_axes=axes)
+
+
+class RMSNorm(nnx.Module):
+    """`y = w * x / sqrt(mean(x^2, -1) + eps)`, computed in float32."""
+
+    def __init__(self, dim: int, eps: float, dtype: Any, *, rngs: nnx.Rngs):
+        self.eps = eps
+        self.weight = _param(rngs, (dim,), ("norm",), dtype, init="ones")
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (self.weight.get_value().astype(jnp.float32) * normed).astype(x.dtype)
+
+
+def rotary_cos_sin(positions: Int[Array, "b l"], head_dim: int, theta: float
+                   ) -> tuple[Float[Array, "b l d"], Float[Array, "b l d"]]:
+    """cos/sin tables: angle[b, l, j] = positions[b, l] * theta^(-2(j mod d/2)/d)."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rotary(x: Float[Array, "b l h d"], cos: Float[Array, "b l d"], sin: Float[Array, "b l d"]
+                 ) -> Float[Array, "b l h d"]:
+    """`x * cos + rotate_half(x) * sin` with `rotate_half([x1, x2]) = [-x2, x1]`."""
+    half = x.shape[-1] // 2
+    x32 = x.astype(jnp.float32)
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    out = x32 * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+    return out.astype(x.dtype)
+
+
+@struct.dataclass
+class KVCache:
+    """Per-layer keys/values `[B, S, K, head_dim]`, slot validity `[B, S]`, next free slot `end`.
+
+    All rows write the same slots (prompts are left-padded to a common length), so one scalar
+    `end` indexes the batch; `valid` marks the slots holding real tokens.
+    """
+
+    keys: tuple[jax.Array, ...]
+    values: tuple[jax.Array, ...]
+    valid: jax.Array
+    end: jax.Array
+
+    @property
+    def length(self) -> int:
+        return self.valid.shape[1]
+
+
+def init_cache(config: ModelConfig, batch: int, length: int) -> KVCache:
+    """An empty cache with `length` slots for `batch` rows."""
+    shape = (batch, length, config.n_kv_heads, config.head_dim)
+    zeros = tuple(jnp.zeros(shape, config.compute_dtype) for _ in range(config.n_layers))
+    return KVCache(keys=zeros, values=tuple(jnp.zeros(shape, config.compute_dtype) for _ in range(config.n_layers)),
+                   valid=jnp.zeros((batch, length), bool), end=jnp.zeros((), jnp.int32))
+
+
+def attend(q: Float[Array, "b t h d"], k: Float[Array, "b s k d"], v: Float[Array, "b s k d"],
+           mask: Bool[Array, "b t s"]) -> Float[Array, "b t h d"]:
+    """Grouped-query softmax attention: `softmax(q k^T / sqrt(d) + mask) v`, logits in float32."""
+    b, t, h, d = q.shape
+    n_kv = k.shape[2]
+    qg = q.reshape(b, t, n_kv, h // n_kv, d)
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
+    scores = scores * (d ** -0.5)
+    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(b, t, h, d)
+
+
+class Attention(nnx.Module):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        c, dt = config, config.weight_dtype
+        self.config = config
+        self.q_proj = _param(rngs, (c.d_model, c.n_heads, c.head_dim), ("embed", "q_heads", "head_dim"), dt)
+        self.k_proj = _param(rngs, (c.d_model, c.n_kv_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), dt)
+        self.v_proj = _param(rngs, (c.d_model, c.n_kv_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), dt)
+        self.o_proj = _param(rngs, (c.n_heads, c.head_dim, c.d_model), ("q_heads", "head_dim", "embed"), dt)
+        self.q_norm = RMSNorm(c.head_dim, c.rms_eps, dt, rngs=rngs)
+        self.k_norm = RMSNorm(c.head_dim, c.rms_eps, dt, rngs=rngs)
+
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
+                 cache_kv: tuple[jax.Array, jax.Array] | None, end: jax.Array | None
+                 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+        dt = self.config.compute_dtype
+        q = jnp.einsum("btd,dhk->bthk", x, self.q_proj.get_value().astype(dt))
+        k = jnp.einsum("btd,dhk->bthk", x, self.k_proj.get_value().astype(dt))
+        v = jnp.einsum("btd,dhk->bthk", x, self.v_proj.get_value().astype(dt))
+        q = apply_rotary(self.q_norm(q), cos, sin)
+        k = apply_rotary(self.k_norm(k), cos, sin)
+        q = constrain(q, ("activation_batch", "activation_length", "activation_heads", "activation_head_dim"))
+        new_kv = None
+        if cache_kv is not None:
+            cache_k, cache_v = cache_kv
+            zero = jnp.zeros((), jnp.int32)
+            cache_k = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype), (zero, end, zero, zero))
+            cache_v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), (zero, end, zero, zero))
+            new_kv = (cache_k, cache_v)
+            k, v = cache_k, cache_v
+        kv_axes = ("activation_batch", "activation_kv_length", "activation_kv_heads", "activation_head_dim")
+        k, v = constrain(k, kv_axes), constrain(v, kv_axes)
+        out = attend(q, k, v, mask)
+        y = jnp.einsum("bthk,hkd->btd", out, self.o_proj.get_value().astype(dt))
+        return y, new_kv
+
+
+class MLP(nnx.Module):
+    """SwiGLU: `down(silu(x W_gate) * (x W_up))`."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        c, dt = config, config.weight_dtype
+        self.config = config
+        self.gate_proj = _param(rngs, (c.d_model, c.d_ff), ("embed", "mlp"), dt)
+        self.up_proj = _param(rngs, (c.d_model, c.d_ff), ("embed", "mlp"), dt)
+        self.down_proj = _param(rngs, (c.d_ff, c.d_model), ("mlp", "embed"), dt)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        dt = self.config.compute_dtype
+        gate = x @ self.gate_proj.get_value().astype(dt)
+        up = x @ self.up_proj.get_value().astype(dt)
+        h = constrain(jax.nn.silu(gate) * up, ("activation_batch", "activation_length", "activation_mlp"))
+        return h @ self.down_proj.get_value().astype(dt)
+
+
+class Block(nnx.Module):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        dt = config.weight_dtype
+        self.input_layernorm = RMSNorm(config.d_model, config.rms_eps, dt, rngs=rngs)
+        self.self_attn = Attention(config, rngs=rngs)
+        self.post_attention_layernorm = RMSNorm(config.d_model, config.rms_eps, dt, rngs=rngs)
+        self.mlp = MLP(config, rngs=rngs)
+
+    def __call__(self, x, cos, sin, mask, cache_kv, end):
+        attn_out, new_kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, cache_kv, end)
+        x = x + attn_out
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        x = constrain(x, ("activation_batch", "activation_length", "activation_embed"))
+        return x, new_kv
+
+
+def positions_from_segments(segment_ids: Int[Array, "b l"]) -> Int[Array, "b l"]:
+    """Position of each token within its segment (restarts at 0 where the segment id changes)."""
+    length = segment_ids.shape[1]
+    index = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), segment_ids.shape)
+    starts = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool),
+                              segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+    start_index = jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
+    return index - start_index
+
+
+class Decoder(nnx.Module):
+    """Qwen3 causal decoder. `lm_head=False` builds the backbone only (the critic's trunk)."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, lm_head: bool = True):
+        dt = config.weight_dtype
+        self.config = config
+        self.embed_tokens = _param(rngs, (config.vocab_size, config.d_model), ("vocab", "embed"), dt)
+        self.layers = nnx.List([Block(config, rngs=rngs) for _ in range(config.n_layers)])
+        self.norm = RMSNorm(config.d_model, config.rms_eps, dt, rngs=rngs)
+        self.lm_head = (_param(rngs, (config.d_model, config.vocab_size), ("embed", "vocab"), dt)
+                        if (lm_head and not config.tie_embeddings) else None)
+
+    def hidden_states(self, tokens: Int[Array, "b t"], positions: Int[Array, "b t"] | None = None,
+                      segment_ids: Int[Array, "b t"] | None = None, *, cache: KVCache | None = None,
+                      token_mask: Bool[Array, "b t"] | None = None
+                      ) -> tuple[Float[Array, "b t d"], KVCache | None]:
+        """Final-norm hidden states `h[b, i]` (the state after reading tokens[b, :i+1]).
+
+        Without a cache: attention is causal and restricted to equal `segment_ids` (packed rows);
+        `positions` default to the index within the segment. With a cache: the `t` new tokens are
+        written at slots `cache.end ...`, attend to every valid earlier slot, and `token_mask`
+        marks which of them are real (left padding); `positions` are then required.
+        """
+        chex.assert_rank(tokens, 2)
+        c = self.config
+        b, t = tokens.shape
+        if cache is None:
+            if segment_ids is None:
+                segment_ids = jnp.ones((b, t), jnp.int32)
+            if positions is None:
+                positions = positions_from_segments(segment_ids)
+            causal = jnp.tril(jnp.ones((t, t), bool))
+            mask = causal[None] & (segment_ids[:, :, None] == segment_ids[:, None, :])
+            end = None
+        else:
+            if positions is None:
+                raise ValueError("Decoder.hidden_states: positions are required with a KV cache")
+            if token_mask is None:
+                token_mask = jnp.ones((b, t), bool)
+            end = cache.end
+            valid = jax.lax.dynamic_update_slice(cache.valid, token_mask, (jnp.zeros((), jnp.int32), end))
+            slot = jnp.arange(cache.length)
+            query_slot = end + jnp.arange(t)
+            mask = valid[:, None, :] & (slot[None, None, :] <= query_slot[None, :, None])
+        chex.assert_equal_shape([tokens, positions])
+        x = self.embed_tokens.get_value()[tokens].astype(c.compute_dtype)
+        x = constrain(x, ("activation_batch", "activation_length", "activation_embed"))
+        cos, sin = rotary_cos_sin(positions, c.head_dim, c.rope_theta)
+        new_keys, new_values = [], []
+        for i, block in enumerate(self.layers):
+            kv = None if cache is None else (cache.keys[i], cache.values[i])
+            if c.remat and cache is None:
+                x, new_kv = nnx.remat(lambda blk, *a: blk(*a))(block, x, cos, sin, mask, kv, end)
+            else:
+                x, new_kv = block(x, cos, sin, mask, kv, end)
+            if new_kv is not None:
+                new_keys.append(new_kv[0])
+                new_values.append(new_kv[1])
+        h = self.norm(x)
+        if cache is None:
+            return h, None
+        return h, KVCache(keys=tuple(new_keys), values=tuple(new_values), valid=valid, end=end + t)
+
+    def output_matrix(self) -> Float[Array, "d v"]:
+        """The `[d_model, vocab]` output projection (the transposed embedding when tied)."""
+        if self.lm_head is None:
+            if not self.config.tie_embeddings:
+                raise ValueError("this Decoder was built with lm_head=False and has no output projection")
+            return self.embed_tokens.get_value().T
+        return self.lm_head.get_value()
+
+    def project(self, hidden: Float[Array, "... d"]) -> Float[Array, "... v"]:
+        """Logits in float32: `hidden @ W_out`."""
+        w = self.output_matrix().astype(self.config.compute_dtype)
+        return jnp.einsum("...d,dv->...v", hidden.astype(self.config.compute_dtype), w,
+                          preferred_element_type=jnp.float32)
+
+    def __call__(self, tokens: Int[Array, "b t"], positions: Int[Array, "b t"] | None = None,
+                 segment_ids: Int[Array, "b t"] | None = None) -> Float[Array, "b t v"]:
+        """Full logits `[B, T, vocab]` (float32). For long sequences use `token_logprobs`."""
+        h, _ = self.hidden_states(tokens, positions, segment_ids)
+        return self.project(h)
+
+    def init_cache(self, batch: int, length: int) -> KVCache:
+        return init_cache(self.config, batch, length)
+
+
+def _chunked_over_positions(fn, hidden: jax.Array, targets: jax.Array, chunk_size: int):
+    """Apply `fn(h [B, C, d], y [B, C]) -> tuple of [B, C]` over position chunks with `lax.map`.
+
+    Each chunk is rematerialised in the backward pass, so at most `[B, C, vocab]` logits exist at once.
+    """
+    b, n, d = hidden.shape
+    chunk = max(1, min(chunk_size, n))
+    n_chunks = -(-n // chunk)
+    pad = n_chunks * chunk - n
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)))
+    h_chunks = hidden.reshape(b, n_chunks, chunk, d).swapaxes(0, 1)
+    y_chunks = targets.reshape(b, n_chunks, chunk).swapaxes(0, 1)
+    outs = jax.lax.map(jax.checkpoint(lambda hy: fn(*hy)), (h_chunks, y_chunks))
+    return tuple(o.swapaxes(0, 1).reshape(b, n_chunks * chunk)[:, :n] for o in outs)
+
+
+def logprobs_from_hidden(model: Decoder, hidden: Float[Array, "b l d"], tokens: Int[Array, "b l"],
+                         *, chunk_size: int = 1024, with_entropy: bool = False,
+                         temperature: float = 1.0
+                         ) -> tuple[Float[Array, "b l"], Float[Array, "b l"] | None]:
+    """`logp[b, i] = log softmax(h[b, i-1] W / T)[tokens[b, i]]` for i >= 1, and 0 at i = 0.
+
+    Entropy (if asked) at i is that of the distribution which predicted token i (0 at i = 0).
+    """
+    chex.assert_rank(tokens, 2)
+
+    def chunk_fn(h, y):
+        logits = model.project(h) / temperature
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        picked = jnp.take_along_axis(logits, y[..., None], axis=-1)[..., 0]
+        logp = picked - lse
+        if with_entropy:
+            probs = jax.nn.softmax(logits, axis=-1)
+            ent = lse - jnp.sum(probs * logits, axis=-1)
+            return logp, ent
+        return (logp,)
+
+    outs = _chunked_over_positions(chunk_fn, hidden[:, :-1], tokens[:, 1:], chunk_size)
+    zero = jnp.zeros((tokens.shape[0], 1), jnp.float32)
+    logp = jnp.concatenate([zero, outs[0]], axis=1)
+    entropy = jnp.concatenate([zero, outs[1]], axis=1) if with_entropy else None
+    return logp, entropy
+
+
+def token_logprobs(model: Decoder, tokens: Int[Array, "b l"], positions: Int[Array, "b l"] | None = None,
+                   segment_ids: Int[Array, "b l"] | None = None, *, chunk_size: int = 1024,
+                   with_entropy: bool = False, temperature: float = 1.0
+                   ) -> tuple[Float[Array, "b l"], Float[Array, "b l"] | None]:
+    """Log-probabilities `log π(tokens[i] | tokens[<i])` of given tokens, `[B, L]` float32.
+
+    The hidden states are computed once; the `[L, vocab]` logits only ever exist `chunk_size`
+    positions at a time (forward and backward). Position 0 (no prediction) gets 0; so does the
+    first token of every packed segment, whose "previous" token belongs to another episode.
+    Returns `(logp, entropy or None)`.
+    """
+    hidden, _ = model.hidden_states(tokens, positions, segment_ids)
+    logp, entropy = logprobs_from_hidden(model, hidden, tokens, chunk_size=chunk_size,
+                                         with_entropy=with_entropy, temperature=temperature)
+    if segment_ids is not None:
+        first = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool),
+                                 segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+        logp = jnp.where(first, 0.0, logp)
+        if entropy is not None:
+            entropy = jnp.where(first, 0.0, entropy)
+    return logp, entropy
