@@ -2,7 +2,7 @@
 
 Layout inside: host ``/usr`` (and the merged-/usr links ``/bin``, ``/lib*``, ``/sbin``) read-only;
 ``/proc`` and a minimal ``/dev`` of its own; writable ``/app`` (the workdir), ``/root`` (home),
-``/tmp`` and a copy of the host ``/etc`` (secrets such as shadow files and ssh keys left out), all
+``/tmp``, ``/logs`` (verifier results) and a copy of the host ``/etc`` (secrets such as shadow files and ssh keys left out), all
 folders of one size-limited tmpfs (:mod:`tr.envs.workspace`).  Nothing else of the host exists
 inside (no ``/work``, no host ``/root``).  All namespaces are unshared, capabilities dropped,
 ``--die-with-parent`` and ``--new-session``.
@@ -104,8 +104,9 @@ class LocalSandbox:
                                "(apt-get install bubblewrap)")
         self.config = config
         self.state_dir = Path(config.state_dir) if config.state_dir else default_state_dir()
-        self.areas = {config.workdir: "app", "/root": "home", "/tmp": "tmp", "/etc": "etc"}
-        if config.workdir in ("/root", "/tmp", "/etc"):
+        self.areas = {config.workdir: "app", "/root": "home", "/tmp": "tmp", "/etc": "etc",
+                      "/logs": "logs"}
+        if config.workdir in ("/root", "/tmp", "/etc", "/logs") or config.workdir == "/":
             raise ValueError(f"SandboxConfig.workdir {config.workdir!r} collides with a "
                              "built-in writable area")
         self.ws: HostWorkspace | None = None
@@ -172,6 +173,7 @@ class LocalSandbox:
                  "--bind", ws.host_dir("etc"), "/etc",
                  "--bind", ws.host_dir("home"), "/root",
                  "--bind", ws.host_dir("tmp"), "/tmp",
+                 "--bind", ws.host_dir("logs"), "/logs",
                  "--bind", ws.host_dir("app"), cfg.workdir,
                  "--dir", "/var", "--symlink", "../tmp", "/var/tmp"]
         for src, dst in etc_binds:
@@ -180,7 +182,7 @@ class LocalSandbox:
             if not os.path.exists(src):
                 raise SandboxError(f"extra_ro_binds: host path {src} does not exist")
             args += ["--ro-bind", str(src), str(dst)]
-        args += ["--chdir", cfg.workdir]
+        args += ["--remount-ro", "/", "--chdir", cfg.workdir]
         return args
 
     def _env(self, extra: dict | None = None) -> dict:
@@ -379,16 +381,33 @@ class LocalSandbox:
         if self.session is not None:
             self.session.kill_shell()
 
-    def verifier_mounts(self, python_root: str, site_packages: str) -> tuple[str, list]:
-        """Read-only binds that show the host interpreter at its own path and the project's
-        site-packages as its site-packages; the loader config comes from the pristine /etc."""
+    # --- protected verifier hooks (tr.envs.protected) -----------------------------------------
+    def install_tests(self, tests_dir, mount: str) -> list:
+        """Tests are a read-only bind seen only by the verifier's process tree."""
+        self._require()
+        return [(str(tests_dir), mount)]
+
+    def reset_dir(self, sandbox_path) -> None:
+        """Remove whatever is at ``sandbox_path`` (links not followed), make an empty folder."""
+        self.remove_path(sandbox_path)
+        area, parts = self.ws.locate(sandbox_path, follow_last=False)
+        os.close(self.ws.open_dir(area, parts, create=True))
+
+    def verifier_python(self) -> tuple[str, list]:
+        """The host interpreter at its own path, the project's site-packages as its
+        site-packages, the loader config (ld.so.*) from the pristine /etc; read-only."""
+        from tr.envs.protected import host_python
+        root, exe, site = host_python()
+        self.remove_path("/etc/ld.so.preload")
+        binds = []
+        if not root.startswith("/usr/"):
+            binds.append((root, root))
+        version_dir = os.path.join(root, "lib", os.path.basename(exe))
+        binds.append((site, os.path.join(version_dir, "site-packages")))
         tmpl = etc_template(self.state_dir)
-        binds = [(python_root, python_root)]
-        version_dir = next(Path(python_root, "lib").glob("python3*"))
-        binds.append((site_packages, str(version_dir / "site-packages")))
-        etc = [(str(tmpl / n), f"/etc/{n}") for n in ("ld.so.cache", "ld.so.conf", "ld.so.conf.d")
-               if (tmpl / n).exists()]
-        return "", binds + etc
+        binds += [(str(tmpl / n), f"/etc/{n}") for n in ("ld.so.cache", "ld.so.conf",
+                                                           "ld.so.conf.d") if (tmpl / n).exists()]
+        return exe, binds
 
     def close(self) -> None:
         if self._closed:
