@@ -196,7 +196,6 @@ def read_trajectories(
 def build_scale_table(
     trajectories: Any,
     quantile: float = 0.9,
-    *,
     failure_threshold: float = 1.0,
     suppression_factor: float = 2.0,
     long_low_factor: float = 0.5,

@@ -183,7 +183,6 @@ def _family_columns(
 def recalibration_rules(
     profile: Any,
     scales: Mapping[str, float],
-    *,
     failure_threshold: float = 1.0,
 ) -> dict[str, str]:
     """The rule that fires for each family of the profile, with failure suppression first.
@@ -222,7 +221,6 @@ def recalibration_rules(
 def recalibrate(
     profile: Any,
     scales: Mapping[str, float],
-    *,
     failure_threshold: float = 1.0,
     suppression_factor: float = 2.0,
     long_low_factor: float = 0.5,
