@@ -22,10 +22,36 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for this run's output
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+def parse_flags(argv):
+    """Parses flags; a bad config file or variant is one clear line, not a nested traceback."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as error:
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        if any(line.startswith("Traceback") for line in lines):
+            lines = [lines[0], lines[-1]]  # the flag at fault and the exception's own message
+        sys.stderr.write("error: " + "\n  ".join(lines) + "\n")
+        sys.exit(2)
+    except (AttributeError, KeyError) as error:  # --config.x=... names a field the config lacks
+        overrides = [a for a in argv if a.startswith("--config.")]
+        sys.stderr.write(f"error: an override in {overrides} names a field the config does not "
+                         f"have: {error}\n")
+        sys.exit(2)
+
+
+def load_config():
+    try:
+        config = _CONFIG.value
+        "job" in config  # pylint: disable=pointless-statement  (forces the lazy load)
+    except (OSError, ValueError, AttributeError, KeyError) as error:
+        raise app.UsageError(" ".join(str(error).split())) from None
+    return config
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    config = _CONFIG.value
+    config = load_config()
     if "job" not in config:
         raise app.UsageError(f"the config from --config={flags.FLAGS['config'].serialize()} has no "
                                                   "'job' field; see experiments/README.md")
@@ -44,4 +70,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)
