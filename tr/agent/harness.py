@@ -270,6 +270,7 @@ def run_episode(
 
         turn = first_turn - 1
         taken = 0
+        just_summarised = False
         while True:
             if cancel is not None and cancel.is_set():
                 raise Cancelled()
@@ -280,11 +281,12 @@ def run_episode(
                 status = EpisodeStatus.AGENT_TIMEOUT
                 break
             turn += 1
-            if (budgets.summarise_at_tokens is not None
+            if (budgets.summarise_at_tokens is not None and not just_summarised
                     and tr.context_len() >= budgets.summarise_at_tokens):
                 if not _summarise(spec, tr, rec, generate, budgets, turn, system_prompt):
                     status = EpisodeStatus.CONTEXT_OVERFLOW
                     break
+                just_summarised = True  # at most one summary between two actions
                 turn += 1
             if tr.context_len() + len(layout.header_ids) + budgets.max_output_tokens > budgets.max_context_tokens:
                 status = EpisodeStatus.CONTEXT_OVERFLOW
@@ -292,6 +294,7 @@ def run_episode(
             gen, gen_s = _generate(spec, tr, generate, budgets, turn, "action")
             ids = tr.add_generation(gen, turn)
             taken += 1
+            just_summarised = False
             action = parse_action(gen.text)
             tr_rec = TurnRecord(turn=turn, kind=action.kind, text=gen.text, thought=action.thought,
                                 command=action.command, finish_reason=gen.finish_reason,

@@ -23,6 +23,10 @@ from tr.agent.policies import Policy, RequestBatcher
 from tr.agent.transcript import ChatLayout, transcript_from_messages
 
 
+class PolicyFailure(RuntimeError):
+    """The policy could not produce a completion (HTTP 500)."""
+
+
 class ChatServer:
     """A running server; ``url`` is the API root (``http://127.0.0.1:PORT/v1``).  Use as a context
     manager or call :meth:`close`."""
@@ -84,6 +88,8 @@ class ChatServer:
         self.batcher.register()
         try:
             gen = self.batcher.generate(req)
+        except Exception as e:  # noqa: BLE001 — reported as a server error (500), not a bad request
+            raise PolicyFailure(f"{type(e).__name__}: {e}") from e
         finally:
             self.batcher.unregister()
         completion_tokens = len(gen.tokens) if gen.tokens is not None else len(
@@ -137,9 +143,11 @@ def _handler(server: ChatServer):
                 return
             try:
                 self._send(200, server.complete(body))
+            except PolicyFailure as e:
+                self._error(500, str(e), "server_error")
             except ValueError as e:
                 self._error(400, str(e), "invalid_request_error")
-            except Exception as e:  # noqa: BLE001 — the policy failed: a 500 with its message
+            except Exception as e:  # noqa: BLE001 — a bug: a 500 with its message, never a hang
                 self._error(500, f"{type(e).__name__}: {e}", "server_error")
 
     return Handler
