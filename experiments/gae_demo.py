@@ -17,10 +17,10 @@ def get_config(variant: str = "default"):
         raise ValueError(f"experiments/gae_demo.py: unknown variant {variant!r}; choose one of {VARIANTS}")
     config = ml_collections.ConfigDict()
     config.job = "gae_demo"
-    config.value = 0.5  # a constant critic, so differences come from the estimators alone
+    config.value = 0.0  # an uninformed critic, so differences come from the estimators alone
     config.gamma_turn = 0.99
     config.lam_turn = 0.95
-    config.gamma = 0.99
+    config.gamma = 1.0
     config.lam = 0.95
     config.long_log_repeat = 20
     if variant == "unit_clock":
