@@ -323,22 +323,7 @@ class LocalSandbox:
     def remove_path(self, sandbox_path) -> None:
         """Delete a file, link or folder (not following links) in a writable area."""
         self._require()
-        area, parts = self.ws.locate(sandbox_path, follow_last=False)
-        if not parts:
-            raise SandboxError(f"remove_path: {sandbox_path!r} is an area folder")
-        dfd = self.ws.open_dir(area, parts[:-1], create=False)
-        try:
-            try:
-                st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
-            except FileNotFoundError:
-                return
-            import stat as _stat
-            if _stat.S_ISDIR(st.st_mode):
-                shutil.rmtree(parts[-1], dir_fd=dfd)
-            else:
-                os.unlink(parts[-1], dir_fd=dfd)
-        finally:
-            os.close(dfd)
+        self.ws.remove(sandbox_path)
 
     # --- state -----------------------------------------------------------------------------
     def snapshot(self, *, persist: bool | None = None) -> Snapshot:
@@ -389,9 +374,8 @@ class LocalSandbox:
 
     def reset_dir(self, sandbox_path) -> None:
         """Remove whatever is at ``sandbox_path`` (links not followed), make an empty folder."""
-        self.remove_path(sandbox_path)
-        area, parts = self.ws.locate(sandbox_path, follow_last=False)
-        os.close(self.ws.open_dir(area, parts, create=True))
+        self._require()
+        self.ws.make_empty_dir(sandbox_path)
 
     def verifier_python(self) -> tuple[str, list]:
         """The host interpreter at its own path, the project's site-packages as its

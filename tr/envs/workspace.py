@@ -278,6 +278,30 @@ class HostWorkspace:
         return fd
 
     # --- transfers ---------------------------------------------------------------------------
+    def remove(self, path) -> None:
+        """Delete a file, link or folder (links not followed); a missing path is fine."""
+        area, parts = self.locate(path, follow_last=False)
+        if not parts:
+            raise SandboxError(f"cannot remove {path!r}: it is a writable area's root")
+        dfd = self.open_dir(area, parts[:-1], create=False)
+        try:
+            try:
+                st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                return
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(parts[-1], dir_fd=dfd)
+            else:
+                os.unlink(parts[-1], dir_fd=dfd)
+        finally:
+            os.close(dfd)
+
+    def make_empty_dir(self, path) -> None:
+        """``path`` becomes a new empty folder, whatever (file, link, folder) was there."""
+        self.remove(path)
+        area, parts = self.locate(path, follow_last=False)
+        os.close(self.open_dir(area, parts, create=True))
+
     def write_file(self, path, data: bytes, mode: int) -> None:
         area, parts = self.locate(path)
         if not parts:

@@ -1,0 +1,265 @@
+"""Build Docker images without a registry.
+
+The base image ``tr-base:<hash>`` is made from this machine's own Debian packages: the files of
+:data:`BASE_PACKAGES` and everything they depend on (``Depends``/``Pre-Depends`` closure, as
+``dpkg -L`` lists them), plus a minimal ``/etc`` (passwd, group, hosts, loader config, the
+alternatives links that point into the image), packed into a tar and ``docker import``-ed.  The
+tag is a hash of the package names and versions, so a changed host gets a new image and an
+unchanged one reuses the cached image.  Debian's ``/usr/bin/python3`` is in it; pytest is not --
+the protected verifier mounts the project's interpreter and site-packages read-only instead.
+
+A task Dockerfile is built on top: each ``FROM`` that names an image absent here (no registry to
+pull from) is replaced by the base image.  Builds run with network ``none``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+BASE_REPO = "tr-base"
+TASK_REPO = "tr-task"
+LABEL = "tr.managed"
+RECIPE_VERSION = "2"
+BASE_PACKAGES = (
+    "base-files", "base-passwd", "bash", "coreutils", "dash", "debianutils", "diffutils",
+    "findutils", "grep", "gzip", "hostname", "libc-bin", "mawk", "ncurses-base", "ncurses-bin",
+    "procps", "sed", "tar", "util-linux", "bzip2", "xz-utils", "less", "patch", "file", "make",
+    "python3", "python3.11", "ca-certificates",
+)
+IMAGE_DIRS = {"/tmp": 0o1777, "/var/tmp": 0o1777, "/root": 0o700, "/app": 0o755,
+              "/logs": 0o755, "/home": 0o755, "/run": 0o755, "/proc": 0o555, "/sys": 0o555,
+              "/dev": 0o755, "/opt": 0o755, "/mnt": 0o755, "/srv": 0o755,
+              "/usr/local/bin": 0o755}
+ETC_FILES = {
+    "/etc/passwd": "root:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:"
+                   "/usr/sbin/nologin\n",
+    "/etc/group": "root:x:0:\nnogroup:x:65534:\n",
+    "/etc/hostname": "tr-sandbox\n",
+    "/etc/hosts": "127.0.0.1 localhost tr-sandbox\n::1 localhost\n",
+    "/etc/resolv.conf": "",
+    "/etc/nsswitch.conf": "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n",
+}
+IMPORT_CHANGES = [
+    "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "ENV LANG=C.UTF-8",
+    "WORKDIR /app",
+    'CMD ["/bin/bash"]',
+]
+
+
+def docker_client():
+    """A docker-py client, or a clear error when no engine answers."""
+    try:
+        import docker
+        client = docker.from_env(timeout=120)
+        client.ping()
+        return client
+    except Exception as e:  # noqa: BLE001 - any failure means the same to the caller
+        from tr.envs.sandbox import SandboxError
+        raise SandboxError(f"no Docker engine answers ({type(e).__name__}: {e}); start dockerd "
+                           "or use the local backend") from None
+
+
+def _query(pkgs: list[str], fmt: str) -> list[str]:
+    r = subprocess.run(["dpkg-query", "-W", "-f", fmt, *pkgs], capture_output=True, text=True)
+    return r.stdout.splitlines()
+
+
+def package_closure(roots=BASE_PACKAGES) -> list[tuple[str, str]]:
+    """Installed packages reachable from ``roots`` via Depends/Pre-Depends: (name, version)."""
+    installed = {}
+    for line in _query([], "${Package} ${Version} ${db:Status-Abbrev}\n"):
+        parts = line.split()
+        if len(parts) >= 3 and parts[2].startswith("ii"):
+            installed[parts[0]] = parts[1]
+    missing = [p for p in roots if p not in installed]
+    if missing:
+        raise RuntimeError(f"base image: host packages not installed: {missing}")
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        batch = [p for p in todo if p not in seen]
+        todo = []
+        if not batch:
+            break
+        seen.update(batch)
+        for line in _query(batch, "${Depends}, ${Pre-Depends}\n"):
+            for clause in line.split(","):
+                options = [re.sub(r"[ (].*", "", o.strip()).split(":")[0]
+                           for o in clause.split("|")]
+                for o in options:
+                    if o in installed:
+                        if o not in seen:
+                            todo.append(o)
+                        break
+    return sorted((p, installed[p]) for p in seen)
+
+
+def base_image_tag(packages: list[tuple[str, str]] | None = None) -> str:
+    packages = package_closure() if packages is None else packages
+    h = hashlib.sha256(repr((RECIPE_VERSION, packages)).encode()).hexdigest()[:12]
+    return f"{BASE_REPO}:{h}"
+
+
+def _canonical(path: str) -> str:
+    """Path with the parent folder's links resolved (/bin/ls -> /usr/bin/ls)."""
+    parent, name = os.path.split(path)
+    return os.path.join(os.path.realpath(parent), name)
+
+
+def _image_files(packages: list[str]) -> list[str]:
+    r = subprocess.run(["dpkg-query", "-L", *packages], capture_output=True, text=True)
+    files = set()
+    for line in r.stdout.splitlines():
+        if line.startswith("/") and os.path.lexists(line):
+            if line.startswith(("/etc/", "/proc", "/sys", "/dev")):
+                continue
+            files.add(_canonical(line))
+    for entry in Path("/etc/alternatives").iterdir():
+        target = os.readlink(entry) if entry.is_symlink() else None
+        if target and _canonical(target) in files:
+            files.add(str(entry))
+    alternatives = {str(e) for e in Path("/etc/alternatives").iterdir()} & files
+    for d in ("/usr/bin", "/usr/sbin"):
+        for entry in os.scandir(d):
+            if entry.is_symlink() and os.readlink(entry.path) in alternatives:
+                files.add(entry.path)
+    for name in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/bash.bashrc", "/etc/profile",
+                 "/etc/os-release", "/etc/debian_version", "/etc/protocols", "/etc/services",
+                 "/etc/mime.types", "/etc/inputrc", "/etc/localtime", "/etc/shells"):
+        if os.path.lexists(name):
+            files.add(name)
+    if os.path.isdir("/etc/ld.so.conf.d"):
+        files.update(str(p) for p in Path("/etc/ld.so.conf.d").iterdir())
+    return sorted(files)
+
+
+def _write_tar(path: str, files: list[str]) -> None:
+    with tarfile.open(path, "w") as tar:
+        def add_dir(name: str, mode: int) -> None:
+            info = tarfile.TarInfo(name.lstrip("/"))
+            info.type, info.mode = tarfile.DIRTYPE, mode
+            tar.addfile(info)
+        made: set[str] = set()
+
+        def parents(p: str) -> None:
+            parent = os.path.dirname(p)
+            if parent in ("/", "") or parent in made:
+                return
+            parents(parent)
+            made.add(parent)
+            add_dir(parent, 0o755)
+        for d in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):   # merged-/usr links
+            if os.path.islink("/" + d):
+                info = tarfile.TarInfo(d)
+                info.type, info.linkname = tarfile.SYMTYPE, os.readlink("/" + d)
+                tar.addfile(info)
+                made.add("/" + d)
+        for name, mode in IMAGE_DIRS.items():
+            parents(name)
+            add_dir(name, mode)
+            made.add(name)
+        for f in files:
+            if f in made:
+                continue
+            parents(f)
+            if os.path.isdir(f) and not os.path.islink(f):
+                add_dir(f, os.stat(f).st_mode & 0o7777)
+                made.add(f)
+                continue
+            tar.add(f, arcname=f.lstrip("/"), recursive=False)
+        for name, text in ETC_FILES.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name.lstrip("/"))
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+
+
+def _image_exists(client, tag: str) -> bool:
+    import docker
+    try:
+        client.images.get(tag)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+def ensure_base_image(rebuild: bool = False, log: Callable[[str], None] | None = None) -> str:
+    """The tag of the base image, building it from host packages when absent."""
+    log = log or (lambda m: None)
+    client = docker_client()
+    packages = package_closure()
+    tag = base_image_tag(packages)
+    if not rebuild and _image_exists(client, tag):
+        return tag
+    names = [p for p, _ in packages]
+    log(f"building {tag} from {len(names)} host packages")
+    files = _image_files(names)
+    with tempfile.TemporaryDirectory(prefix="tr-base-image-") as tmp:
+        tar_path = os.path.join(tmp, "rootfs.tar")
+        _write_tar(tar_path, files)
+        log(f"rootfs tar: {os.path.getsize(tar_path) / 1e6:.0f} MB, {len(files)} paths")
+        repo, version = tag.split(":")
+        client.api.import_image_from_file(tar_path, repository=repo, tag=version,
+                                          changes=IMPORT_CHANGES + [f"LABEL {LABEL}=base"])
+    if not _image_exists(client, tag):
+        raise RuntimeError(f"docker import did not produce {tag}")
+    return tag
+
+
+def build_task_image(dockerfile, context, log: Callable[[str], None] | None = None) -> str:
+    """Build a task's Dockerfile (FROMs missing here -> the base image); returns its tag."""
+    log = log or (lambda m: None)
+    dockerfile, context = Path(dockerfile), Path(context)
+    if not dockerfile.is_file():
+        raise FileNotFoundError(f"Dockerfile {dockerfile} does not exist")
+    if not context.is_dir():
+        raise FileNotFoundError(f"build context {context} is not a folder")
+    client = docker_client()
+    base = ensure_base_image(log=log)
+    stages: set[str] = set()
+    lines = []
+    for line in dockerfile.read_text().splitlines():
+        m = re.match(r"^(\s*FROM\s+)(?:--platform=\S+\s+)?(\S+)(.*)$", line, re.IGNORECASE)
+        if m:
+            image, rest = m.group(2), m.group(3)
+            if image.lower() not in stages and not _image_exists(client, image):
+                log(f"{dockerfile}: FROM {image} is not available here -> {base}")
+                image = base
+            alias = re.match(r"\s+AS\s+(\S+)", rest, re.IGNORECASE)
+            if alias:
+                stages.add(alias.group(1).lower())
+            line = f"{m.group(1)}{image}{rest}"
+        lines.append(line)
+    text = "\n".join(lines) + "\n"
+    h = hashlib.sha256(text.encode())
+    for p in sorted(context.rglob("*")):
+        if p.is_file():
+            h.update(str(p.relative_to(context)).encode())
+            h.update(p.read_bytes())
+    tag = f"{TASK_REPO}:{h.hexdigest()[:12]}"
+    if _image_exists(client, tag):
+        return tag
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(str(context), arcname=".")
+        data = text.encode()
+        info = tarfile.TarInfo(".tr.Dockerfile")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    buf.seek(0)
+    try:
+        client.images.build(fileobj=buf, custom_context=True, dockerfile=".tr.Dockerfile",
+                            tag=tag, rm=True, forcerm=True, network_mode="none",
+                            labels={LABEL: "task"})
+    except Exception as e:  # noqa: BLE001
+        raise RuntimeError(f"building {dockerfile} failed: {e}") from None
+    return tag
