@@ -1,0 +1,285 @@
+"""Update steps: exact against references, exact under micro-batching, equal on a device mesh,
+and the frozen side of every actor-only or critic-only step is bitwise unchanged."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from tr.models import sharding as sharding_lib
+from tr.models.config import get_model_config
+from tr.models.critic import CriticModel
+from tr.models.decoder import Decoder
+from tr.train import steps as steps_lib
+from tr.train.state import create_train_state
+
+B, L, VOCAB, GROUP = 8, 16, 64, 4
+STEP_NAMES = ("sft", "critic", "ppo", "grpo")
+
+
+def tiny_config():
+    return get_model_config("tiny", n_layers=1, d_model=32, n_heads=2, n_kv_heads=1, head_dim=16,
+                            d_ff=64, vocab_size=VOCAB)
+
+
+def make_config(num_micro_batches=1):
+    config = steps_lib.default_config()
+    config.actor.optimizer.learning_rate = 1e-3   # large enough that a wrong gradient shows
+    config.critic.optimizer.learning_rate = 1e-3
+    config.ppo.gamma_turn = 0.9
+    config.ppo.lam_turn = 0.8
+    config.grpo.group_size = GROUP
+    config.num_micro_batches = num_micro_batches
+    config.logprob_chunk_size = 8
+    return config
+
+
+def make_batch(seed=0):
+    """Rows of prompt, then turns of action tokens followed by observation tokens."""
+    rng = np.random.default_rng(seed)
+    actor_mask = np.zeros((B, L), bool)
+    turn_ids = np.zeros((B, L), np.int32)
+    rewards = np.zeros((B, L), np.float32)
+    dones = np.zeros((B, L), bool)
+    for row in range(B):
+        pos, turn = int(rng.integers(1, 3)), 0
+        while pos < L - 2:
+            turn += 1
+            n_act, n_obs = int(rng.integers(1, 4)), int(rng.integers(0, 4))
+            act_end = min(pos + n_act, L)
+            actor_mask[row, pos:act_end] = True
+            turn_ids[row, pos:] = turn
+            pos = act_end + n_obs
+        last = np.flatnonzero(actor_mask[row])[-1]
+        rewards[row, last] = rng.uniform(0, 2)
+        dones[row, last] = True
+    loss_mask = actor_mask.copy()
+    loss_mask[1, :6] = False   # e.g. inherited failed-attempt tokens: no policy loss
+    return {
+        "tokens": jnp.asarray(rng.integers(0, VOCAB, (B, L)), jnp.int32),
+        "actor_mask": jnp.asarray(actor_mask),
+        "loss_mask": jnp.asarray(loss_mask),
+        "turn_ids": jnp.asarray(turn_ids),
+        "rewards": jnp.asarray(rewards),
+        "dones": jnp.asarray(dones),
+        "logprobs": jnp.asarray(np.log(rng.uniform(0.02, 0.2, (B, L))), jnp.float32),
+        "is_recovery": jnp.asarray([False] * GROUP + [True] * GROUP),
+    }
+
+
+@pytest.fixture(scope="module")
+def setup():
+    actor = Decoder(tiny_config(), rngs=nnx.Rngs(0))
+    critic = CriticModel(tiny_config(), rngs=nnx.Rngs(1))
+    # A non-zero value head so the critic's values (and EV) are not trivially 0.
+    critic.value_head.set_value(jax.random.normal(jax.random.key(2), critic.value_head.shape) * 0.5)
+    config = make_config()
+    fns = steps_lib.nnx_model_fns(actor, critic, chunk_size=config.logprob_chunk_size)
+    state = create_train_state(
+        actor_params=fns.actor_params,
+        actor_optimizer=steps_lib.make_optimizer(config.actor.optimizer),
+        critic_params=fns.critic_params,
+        critic_optimizer=steps_lib.make_optimizer(config.critic.optimizer), seed=0)
+    steps = steps_lib.build_steps(config, actor_logprobs=fns.actor_logprobs,
+                                  critic_values=fns.critic_values)
+    batch = make_batch()
+    results = {name: getattr(steps, name)(state, batch) for name in STEP_NAMES}
+    return dict(actor=actor, critic=critic, fns=fns, state=state, batch=batch, config=config,
+                results=results)
+
+
+def max_abs_diff(a, b):
+    return max(float(jnp.max(jnp.abs(jnp.asarray(x, jnp.float32) - jnp.asarray(y, jnp.float32))))
+               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def assert_bitwise_equal(a, b):
+    leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(leaves_a, leaves_b):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+        assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
+
+
+# ---- independent references, written the obvious way ---------------------------------------------
+
+
+def reference_tb_gae(rewards, values, actor_mask, turn_ids, dones, gamma_turn, lam_turn):
+    """Python loops over the action tokens of each row, right to left."""
+    rewards, values, actor_mask, turn_ids, dones = map(
+        np.asarray, (rewards, values, actor_mask, turn_ids, dones))
+    adv = np.zeros(rewards.shape, np.float64)
+    for row in range(rewards.shape[0]):
+        nodes = np.flatnonzero(actor_mask[row])
+        next_v, next_a, next_turn = 0.0, 0.0, None
+        for j in nodes[::-1]:
+            same = next_turn is not None and turn_ids[row, j] == next_turn
+            g, lam = (1.0, 1.0) if same else (gamma_turn, lam_turn)
+            cont = 0.0 if dones[row, j] else 1.0
+            delta = rewards[row, j] + g * cont * next_v - values[row, j]
+            adv[row, j] = delta + g * lam * cont * next_a
+            next_v, next_a, next_turn = values[row, j], adv[row, j], turn_ids[row, j]
+    return adv, np.where(actor_mask, adv + values, 0.0)
+
+
+def reference_update(optimizer, params, opt_state, grads):
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+
+# ---- tests ----------------------------------------------------------------------------------------
+
+
+def test_ppo_step_matches_reference_gradient_and_logs_explained_variance(setup):
+    fns, state, batch, config = setup["fns"], setup["state"], setup["batch"], setup["config"]
+    new_state, metrics = setup["results"]["ppo"]
+    ppo = config.ppo
+    values = np.asarray(fns.critic_values(state.critic_params, batch), np.float64)
+    adv, returns = reference_tb_gae(batch["rewards"], values, batch["actor_mask"],
+                                    batch["turn_ids"], batch["dones"], ppo.gamma_turn, ppo.lam_turn)
+    lm, am = np.asarray(batch["loss_mask"]), np.asarray(batch["actor_mask"])
+
+    def policy_loss(params):
+        ratio = jnp.exp(fns.actor_logprobs(params, batch) - batch["logprobs"])
+        surrogate = jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - 0.3, 1 + 5.0) * adv)
+        return -jnp.sum(jnp.where(lm, surrogate, 0.0)) / lm.sum()
+
+    def value_loss(params):
+        v = fns.critic_values(params, batch)
+        clipped = values + jnp.clip(v - values, -4.0, 4.0)
+        per = 0.5 * jnp.maximum((v - returns) ** 2, (clipped - returns) ** 2)
+        return jnp.sum(jnp.where(am, per, 0.0)) / am.sum()
+
+    actor_grads, critic_grads = jax.jit(lambda a, c: (jax.grad(policy_loss)(a),
+                                                      jax.grad(value_loss)(c)))(
+        state.actor_params, state.critic_params)
+    want_actor, _ = reference_update(steps_lib.make_optimizer(config.actor.optimizer),
+                                     state.actor_params, state.actor_opt_state, actor_grads)
+    want_critic, _ = reference_update(steps_lib.make_optimizer(config.critic.optimizer),
+                                      state.critic_params, state.critic_opt_state, critic_grads)
+    assert max_abs_diff(new_state.actor_params, want_actor) < 2e-5
+    assert max_abs_diff(new_state.critic_params, want_critic) < 2e-5
+    assert max_abs_diff(new_state.actor_params, state.actor_params) > 1e-4  # it did move
+    assert int(new_state.step) == 1
+    ev = 1 - np.var((returns - values)[am]) / np.var(returns[am])
+    assert float(metrics["critic/explained_variance"]) == pytest.approx(ev, abs=1e-4)
+    assert float(metrics["actor/loss"]) == pytest.approx(float(policy_loss(state.actor_params)),
+                                                         rel=1e-4)
+
+
+def test_grpo_step_weights_original_and_recovery_groups(setup):
+    fns, state, batch, config = setup["fns"], setup["state"], setup["batch"], setup["config"]
+    new_state, _ = setup["results"]["grpo"]
+    lm = np.asarray(batch["loss_mask"])
+    row_reward = np.asarray(batch["rewards"]).sum(1).reshape(-1, GROUP)
+    row_adv = ((row_reward - row_reward.mean(1, keepdims=True))
+               / (row_reward.std(1, keepdims=True) + 1e-6)).reshape(-1)
+
+    def objective(params):  # J = M_O/(M_O+M_R) J_O + M_R/(M_O+M_R) J_R, one group of each here
+        ratio = jnp.exp(fns.actor_logprobs(params, batch) - batch["logprobs"])
+        a = row_adv[:, None]
+        s = jnp.where(lm, jnp.minimum(ratio * a, jnp.clip(ratio, 0.7, 6.0) * a), 0.0)
+        j_original = s[:GROUP].sum() / lm[:GROUP].sum()
+        j_recovery = s[GROUP:].sum() / lm[GROUP:].sum()
+        return -(0.5 * j_original + 0.5 * j_recovery)
+
+    grads = jax.jit(jax.grad(objective))(state.actor_params)
+    want, _ = reference_update(steps_lib.make_optimizer(config.actor.optimizer),
+                               state.actor_params, state.actor_opt_state, grads)
+    assert max_abs_diff(new_state.actor_params, want) < 2e-5
+
+
+@pytest.mark.parametrize("name", STEP_NAMES)
+def test_four_micro_batches_equal_one_full_batch(setup, name):
+    fns = setup["fns"]
+    steps4 = steps_lib.build_steps(make_config(num_micro_batches=4),
+                                   actor_logprobs=fns.actor_logprobs,
+                                   critic_values=fns.critic_values)
+    full_state, full_metrics = setup["results"][name]
+    micro_state, micro_metrics = getattr(steps4, name)(setup["state"], setup["batch"])
+    assert max_abs_diff(micro_state, full_state) < 2e-5
+    for key in full_metrics:
+        assert float(micro_metrics[key]) == pytest.approx(float(full_metrics[key]), rel=1e-4,
+                                                          abs=1e-5), key
+
+
+@pytest.mark.parametrize("name,frozen", [("sft", "critic"), ("grpo", "critic"),
+                                         ("critic", "actor")])
+def test_frozen_side_is_bitwise_unchanged(setup, name, frozen):
+    before, (after, _) = setup["state"], setup["results"][name]
+    assert_bitwise_equal(getattr(after, f"{frozen}_params"), getattr(before, f"{frozen}_params"))
+    assert_bitwise_equal(getattr(after, f"{frozen}_opt_state"),
+                         getattr(before, f"{frozen}_opt_state"))
+    trained = "actor" if frozen == "critic" else "critic"
+    assert max_abs_diff(getattr(after, f"{trained}_params"),
+                        getattr(before, f"{trained}_params")) > 1e-4
+
+
+@pytest.mark.parametrize("name", ["ppo"])  # both sides, both optimizers, sharded micro-batches
+def test_step_on_8_device_mesh_equals_single_device(setup, name):
+    assert jax.device_count() == 8
+    mesh = sharding_lib.make_mesh((2, 2, 2, 1))
+    config = make_config(num_micro_batches=2)  # micro-batching of a sharded batch, too
+    fns, state = setup["fns"], setup["state"]
+    shardings = steps_lib.train_state_shardings(
+        state, mesh,
+        actor_param_shardings=steps_lib.nnx_param_shardings(setup["actor"], mesh),
+        critic_param_shardings=steps_lib.nnx_param_shardings(setup["critic"], mesh))
+    sharded_state = jax.device_put(state, shardings)
+    assert any(len(x.sharding.device_set) == 8 and not x.sharding.is_fully_replicated
+               for x in jax.tree.leaves(sharded_state.actor_params))
+    steps = steps_lib.build_steps(config, actor_logprobs=fns.actor_logprobs,
+                                  critic_values=fns.critic_values, mesh=mesh,
+                                  state_sharding=shardings)
+    mesh_state, mesh_metrics = getattr(steps, name)(sharded_state,
+                                                    steps_lib.shard_batch(setup["batch"], mesh))
+    single_state, single_metrics = setup["results"][name]
+    assert max_abs_diff(jax.device_get(mesh_state), single_state) < 2e-5
+    for key in single_metrics:
+        assert float(mesh_metrics[key]) == pytest.approx(float(single_metrics[key]), rel=1e-4,
+                                                         abs=1e-5), key
+    for got, want in zip(jax.tree.leaves(mesh_state), jax.tree.leaves(shardings)):
+        assert got.sharding.is_equivalent_to(want, got.ndim)
+
+
+def test_bad_batches_and_configs_are_refused_clearly(setup):
+    fns, state, batch = setup["fns"], setup["state"], setup["batch"]
+    ppo = functools.partial(steps_lib.ppo_update, actor_logprobs=fns.actor_logprobs,
+                            critic_values=fns.critic_values,
+                            actor_optimizer=optax.sgd(1e-3), critic_optimizer=optax.sgd(1e-3))
+    with pytest.raises(ValueError, match="lacks \\['dones'\\]"):
+        ppo(state, {k: v for k, v in batch.items() if k != "dones"})
+    with pytest.raises(ValueError, match="'rewards'.*floating point"):
+        ppo(state, {**batch, "rewards": batch["rewards"].astype(jnp.int32)})
+    with pytest.raises(ValueError, match="cannot be split into 3"):
+        steps_lib.split_micro_batches(batch, 3)
+    config = make_config()
+    config.critic.optimizer.schedule = "exponential"
+    with pytest.raises(ValueError, match="schedule 'exponential' unknown"):
+        steps_lib.make_optimizer(config.critic.optimizer)
+    config = make_config()
+    config.ppo.kl_coef = 0.1
+    with pytest.raises(ValueError, match="kl_coef=0.1"):
+        steps_lib.build_steps(config, actor_logprobs=fns.actor_logprobs,
+                              critic_values=fns.critic_values).ppo(state, batch)
+
+
+def test_default_config_is_table_1():
+    config = steps_lib.default_config()
+    assert config.actor.optimizer.learning_rate == 5e-7
+    assert config.critic.optimizer.learning_rate == 1.5e-5
+    assert config.critic.optimizer.grad_clip_norm == 100.0
+    assert (config.ppo.eps_low, config.ppo.eps_high, config.ppo.eps_value) == (0.30, 5.00, 4.00)
+    assert config.ppo.kl_coef == config.ppo.entropy_coef == 0.0
+    # The critic's clip is live: Adam's first moment after one huge gradient is (1-b1) * g
+    # with g scaled to global norm 100.
+    critic_opt = steps_lib.make_optimizer(config.critic.optimizer)
+    params = {"w": jnp.zeros(4)}
+    _, opt_state = critic_opt.update({"w": jnp.full((4,), 1e6)}, critic_opt.init(params), params)
+    mu = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda x: hasattr(x, "mu"))
+          if hasattr(s, "mu")][0].mu
+    assert float(optax.tree.norm(mu)) == pytest.approx(0.1 * 100.0, rel=1e-5)
