@@ -1,4 +1,7 @@
+import os
 import subprocess
+
+os.environ.pop("PYTHONSAFEPATH", None)  # run the agent's code as the agent would
 
 REPO = "/app/repo"
 
@@ -56,6 +59,6 @@ def test_final_gate():
     test_revert_commit_on_main()
     test_history_not_rewritten()
     assert git("symbolic-ref", "--short", "HEAD") == "main"
-    assert git("status", "--porcelain") == ""
+    assert git("status", "--porcelain", "--untracked-files=no") == ""
     assert "def total" in git("show", "main:mathlib.py") and "sum(xs) / len(xs)" in git("show", "main:mathlib.py")
     assert subprocess.run(["git", "-c", "safe.directory=*", "-C", REPO, "bisect", "log"], capture_output=True).returncode != 0

@@ -1,4 +1,7 @@
+import os
 import subprocess
+
+os.environ.pop("PYTHONSAFEPATH", None)  # run the agent's code as the agent would
 
 REPO = "/app/repo"
 
