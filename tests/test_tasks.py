@@ -349,3 +349,25 @@ def test_failing_dockerfile_run_step_names_the_line(tmp_path):
     assert result.error == "environment"
     assert "RUN at environment/Dockerfile:3" in result.error_detail
     assert "step-output" in result.error_detail
+
+
+def _docker_available() -> bool:
+    try:
+        import docker
+
+        docker.from_env().ping()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(not _docker_available(), reason="no Docker daemon on this machine")
+def test_docker_backend_builds_the_dockerfile_and_agrees_with_local():
+    """The same TB1 task (ARG/ENV/RUN steps) built by Docker and carried out locally."""
+    task = load_task(TASKS / "tb1-fix-config")
+    on_docker, turns = runner.run_task(task, "solution", "docker")
+    assert on_docker.error is None, (on_docker.error_detail, on_docker.log[-2000:])
+    assert on_docker.strict_pass and [t.exit_code for t in turns] == [0]
+    on_local, _ = runner.run_task(task, "solution", "local")
+    assert [(c.name, c.passed) for c in on_docker.checks] == [
+        (c.name, c.passed) for c in on_local.checks]

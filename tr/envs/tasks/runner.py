@@ -221,10 +221,11 @@ def verifier_command(task: Task, workdir: str) -> str:
 
 
 def verify(task: Task, sandbox, workdir: str | None = None) -> vr.VerifierResult:
-    """Run the task's verifier through the protected runner and score it."""
+    """Run the task's verifier through the protected runner and score it (cwd: `workdir`,
+    default the sandbox's workdir)."""
     from tr.envs import protected
 
-    workdir = workdir or task.environment.workdir
+    workdir = workdir or sandbox.config.workdir
     command = verifier_command(task, workdir)
     with tempfile.TemporaryDirectory(prefix="tr-verifier-") as out:
         start = time.monotonic()
