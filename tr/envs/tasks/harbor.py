@@ -79,6 +79,12 @@ def load(task_dir: Path, *, deep: bool = False) -> tuple[Task | None, list[Probl
         problems.append(Problem("instruction.md", None, "is empty"))
 
     environment = _environment(task_dir, f, layout)
+    if deep and environment.setup_script is not None and environment.setup_script.is_file():
+        rel = environment.setup_script.relative_to(task_dir).as_posix()
+        script = read_text(environment.setup_script, rel, problems, what="setup script")
+        if script is not None:
+            problems.extend(checks.solution_problems(environment.setup_script, rel, script,
+                                                     as_turns=False))
     spec = _verifier(task_dir, f, layout, problems, deep=deep)
     solution = _solution(task_dir, "solution/solve.sh", problems, as_turns=layout == "tr", deep=deep)
     partial = None
