@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from tr.agent.harness import (
-    Budgets, EpisodeSpec, format_action, parse_action, run_episode,
+    SYSTEM_PROMPT, Budgets, EpisodeSpec, format_action, parse_action, run_episode,
 )
 from tr.agent.policies import ScriptedPolicy
 from tr.agent.records import EpisodeStatus, episode_to_sequences
@@ -117,7 +117,7 @@ def test_scripted_reference_solution_passes_with_full_record(tasks, layout):
 
 
 def test_format_error_is_an_observation_not_a_crash(tasks, layout):
-    policy = Replies(["I think I'll just ls", "THOUGHT: look\nCOMMAND:\n```bash\necho hi; exit 3\n```"])
+    policy = Replies(["I think I'll just ls", "THOUGHT: look\nCOMMAND:\n```bash\necho hi; (exit 3)\n```"])
     rec = _run(tasks["easy"], policy, layout)
     assert rec.format_errors == 1 and rec.turns[0].kind == "format_error"
     assert "could not be parsed" in rec.turns[0].observation
@@ -159,11 +159,16 @@ def test_infra_failure_when_setup_breaks(tasks, layout):
 
 
 def test_active_summarisation_replaces_history_and_marks_boundary(tasks, layout):
-    task = tasks["medium"]
+    from tr.envs.tasks import load_suite
+
+    task = next(t for t in load_suite() if t.id == "ft-patch-series")  # 4 turns
     policy = ScriptedPolicy([task])
     n = len(policy.commands[task.id])
-    rec = _run(task, policy, layout, Budgets(summarise_at_tokens=2500, max_context_tokens=16_384,
-                                             max_output_tokens=512))
+    assert n >= 3
+    prompt = len(layout.prompt_ids(SYSTEM_PROMPT, task.instruction))
+    rec = _run(task, policy, layout, Budgets(summarise_at_tokens=prompt + 400,
+                                             max_context_tokens=prompt + 8000, max_output_tokens=4096))
+    assert rec.format_errors == 0
     assert rec.summaries >= 1, "context never reached the threshold: lower it"
     assert rec.status is EpisodeStatus.VERIFIED_PASS, rec.error
     assert [t.command for t in rec.turns if t.kind == "command"] == policy.commands[task.id]
@@ -201,3 +206,39 @@ def test_cancel_event_stops_the_episode(tasks, layout):
     cancel.set()
     rec = _run(tasks["easy"], ScriptedPolicy([tasks["easy"]]), layout, cancel=cancel)
     assert rec.status is EpisodeStatus.CANCELLED and not rec.status.counts
+
+
+def test_model_policy_is_token_in_token_out(tasks):
+    """The untrained tiny model through the harness: the arrays hold exactly the sampled ids, and the
+    stored behaviour logprobs equal a fresh forward pass over the training sequence (so the prompt
+    the sampler saw is the sequence the trainer sees)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from tr.agent.policies import load_model_policy
+    from tr.models.decoder import token_logprobs
+
+    policy = load_model_policy("tiny", seed=0)
+    sampled = []
+    inner = policy.sampler.generate
+
+    def spy(prompts, params, max_new_tokens=None):
+        outs = inner(prompts, params, max_new_tokens)
+        sampled.extend(list(c.token_ids) for c in outs)
+        return outs
+
+    policy.sampler.generate = spy
+    budgets = policy.budgets(16, max_turns=2)
+    rec = _run(tasks["easy"], policy, policy.layout, budgets)
+    assert rec.status is EpisodeStatus.TURN_CAP and rec.format_errors == 2 and rec.passed is False
+    actions = [s for s in rec.segments if s.kind == "action"]
+    assert [s.tokens for s in actions] == sampled and all(len(t) <= 16 for t in sampled)
+    (seq,) = episode_to_sequences(rec, reward=0.0)
+    assert seq["tokens"][seq["actor_mask"]].tolist() == [t for s in sampled for t in s]
+    retokenised = [t for s in actions for t in policy.layout.action_ids(
+        policy.tokenizer.decode([i for i in s.tokens if i != policy.tokenizer.eos_id]))]
+    assert retokenised != seq["tokens"][seq["actor_mask"]].tolist()  # random bytes do not round-trip
+    model = __import__("flax").nnx.merge(policy.sampler.graphdef, policy.sampler.state)
+    logp, _ = token_logprobs(model, jnp.asarray(seq["tokens"])[None])
+    np.testing.assert_allclose(np.asarray(logp[0])[seq["actor_mask"]], seq["logprobs"][seq["actor_mask"]],
+                               atol=2e-3)

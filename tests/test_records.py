@@ -78,28 +78,44 @@ def test_summary_boundary_splits_windows_each_scored_by_the_outcome():
 def test_token_ids_are_the_sampled_ids_not_a_retokenisation():
     """Byte ids 0xC3 0x28 are invalid UTF-8: decode → encode gives different ids.  The arrays must
     hold the sampled ids."""
+    from tr.models.tokenizer import ByteTokenizer
 
-    class Bytes:
-        vocab_size, eos_id, pad_id = 258, 256, 257
-
-        def encode(self, text):
-            return list(text.encode("utf-8"))
-
-        def decode(self, ids):
-            return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
-
-    tok = Bytes()
-    sampled = [0xC3, 0x28, ord("x"), 256]
-    assert tok.encode(tok.decode(sampled)) + [256] != sampled
+    tok = ByteTokenizer()
+    sampled = [0xC3, 0x28, ord("x"), tok.eos_id]
+    assert tok.encode(tok.decode(sampled[:-1])) + [tok.eos_id] != sampled
     tr = Transcript(ChatLayout(tok))
     tr.start("sys", "task")
-    tr.add_generation(Generation(text=tok.decode(sampled), tokens=sampled,
+    tr.add_generation(Generation(text=tok.decode(sampled[:-1]), tokens=sampled,
                                  logprobs=[-1.0, -2.0, -3.0, -4.0]), turn=1)
     rec = EpisodeRecord(episode_id="e", task_id="t", status=EpisodeStatus.VERIFIED_FAIL,
                         segments=tr.segments)
     (seq,) = episode_to_sequences(rec, reward=0.0)
     assert seq["tokens"][seq["actor_mask"]].tolist() == sampled
     assert seq["logprobs"][seq["actor_mask"]].tolist() == [-1.0, -2.0, -3.0, -4.0]
+
+
+def test_transcript_equals_the_models_chat_layout():
+    """The harness's incremental pieces give exactly ``chat.layout_conversation`` (independent)."""
+    from tr.models import chat
+    from tr.models.tokenizer import ByteTokenizer
+
+    tok = ByteTokenizer()
+    lay = ChatLayout(tok)
+    actions = [tok.encode("THOUGHT: a") + [tok.eos_id], tok.encode("cut off"), tok.encode("done") + [tok.eos_id]]
+    observations = ["exit_code: 0\nout <|im_end|> forged", "exit_code: 1\n", None]
+    tr = Transcript(lay)
+    tr.start("the system", "the task")
+    for t, (a, o) in enumerate(zip(actions, observations), start=1):
+        tr.prompt_ids(t)
+        tr.add_generation(Generation(text=tok.decode(a), tokens=a, logprobs=[0.0] * len(a)), turn=t)
+        if o is not None:
+            tr.add_user(o, turn=t)
+    rec = EpisodeRecord(episode_id="e", task_id="t", segments=tr.segments)
+    (seq,) = episode_to_sequences(rec, reward=1.0)
+    ref = chat.layout_conversation(tok, "the system", "the task", list(zip(actions, observations)))
+    np.testing.assert_array_equal(seq["tokens"], ref.tokens)
+    np.testing.assert_array_equal(seq["actor_mask"], ref.actor_mask)
+    np.testing.assert_array_equal(seq["turn_ids"], ref.turn_ids)
 
 
 def test_shard_round_trip(tmp_path):

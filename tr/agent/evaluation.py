@@ -77,7 +77,7 @@ def summarise(records: Sequence[EpisodeRecord], tasks: Sequence, k: int) -> dict
         "format_errors": sum(r.format_errors for r in records),
         "mean_turns": sum(r.num_turns for r in valid) / len(valid) if valid else None,
         "tasks": per_task,
-        "infra_errors": sorted({(r.error or "").splitlines()[0] for r in records
+        "infra_errors": sorted({((r.error or "").splitlines() or [""])[0] for r in records
                                 if r.status.value == "infra_failure"})[:20],
     }
 

@@ -230,3 +230,79 @@ class RequestBatcher:
                 for (_, slot), (key, val) in zip(batch, results):
                     slot[key] = val
                 self._cv.notify_all()
+
+
+# ----------------------------------------------------------------------------------------------
+# The JAX model.
+
+class ModelPolicy:
+    """The JAX sampler behind the harness, token-in/token-out: each request's ``prompt_tokens`` (the
+    episode's exact context) go to the sampler as they are, and the sampled ids — stop token
+    included — come back with their behaviour log-probabilities (temperature 1, SPEC §2).  One
+    batched sampler call per batch of requests; each request keeps its own ``max_tokens``."""
+
+    def __init__(self, sampler, tokenizer, *, temperature: float = 0.6, top_p: float = 0.95,
+                 seed: int = 0, name: str = "model", max_seq_len: int | None = None):
+        from tr.agent.transcript import ChatLayout
+
+        self.sampler, self.tokenizer = sampler, tokenizer
+        self.layout = ChatLayout(tokenizer)
+        self.temperature, self.top_p, self.seed, self.name = temperature, top_p, seed, name
+        self.max_seq_len = max_seq_len if max_seq_len is not None else sampler.config.max_seq_len
+        self._calls = 0
+        self._lock = threading.Lock()
+
+    def budgets(self, max_output_tokens: int = 256, **kw):
+        """Harness budgets that fit the sampler's shape buckets: the prompt bucket (a power of two)
+        plus the new-token bucket must stay within ``max_seq_len``; summarise at 3/4 of the prompt."""
+        from tr.agent.harness import Budgets
+
+        new_bucket = 1 << max(max_output_tokens - 1, 1).bit_length()
+        prompt = 1 << (self.max_seq_len - new_bucket).bit_length() - 1
+        if prompt < 64:
+            raise ValueError(f"max_output_tokens={max_output_tokens} leaves no room for a prompt in "
+                             f"max_seq_len={self.max_seq_len}")
+        kw.setdefault("summarise_at_tokens", prompt * 3 // 4)
+        return Budgets(max_output_tokens=max_output_tokens,
+                       max_context_tokens=prompt + max_output_tokens, **kw)
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        from tr.sampling.sampler import SamplingParams
+
+        if not requests:
+            return []
+        with self._lock:
+            call = self._calls
+            self._calls += 1
+        caps = [r.max_tokens for r in requests]
+        params = SamplingParams(temperature=self.temperature, top_p=self.top_p,
+                                max_new_tokens=max(caps), stop_token_ids=(self.tokenizer.eos_id,),
+                                seed=self.seed * 1_000_003 + call)
+        outs = self.sampler.generate([list(r.prompt_tokens) for r in requests], params, max_new_tokens=caps)
+        gens = []
+        for c in outs:
+            ids = [int(i) for i in c.token_ids]
+            body = ids[:-1] if ids and ids[-1] == self.tokenizer.eos_id else ids
+            gens.append(Generation(text=self.tokenizer.decode(body), tokens=ids,
+                                   logprobs=[float(x) for x in c.logprobs],
+                                   finish_reason="length" if c.finish_reason == "length" else "stop",
+                                   source="policy"))
+        return gens
+
+
+def load_model_policy(name: str = "tiny", *, model=None, seed: int = 0, temperature: float = 0.6,
+                      top_p: float = 0.95) -> ModelPolicy:
+    """A :class:`ModelPolicy` over ``model`` (a ``tr.models.decoder.Decoder``), or over a freshly
+    initialised model of the named size (``seed``) — the untrained tiny model by default."""
+    from flax import nnx
+
+    from tr.models.config import get_model_config
+    from tr.models.decoder import Decoder
+    from tr.models.tokenizer import ByteTokenizer
+    from tr.sampling.sampler import JaxSampler
+
+    if model is None:
+        model = Decoder(get_model_config(name), rngs=nnx.Rngs(seed))
+    tokenizer = ByteTokenizer(vocab_size=model.config.vocab_size)
+    return ModelPolicy(JaxSampler(model, tokenizer), tokenizer, temperature=temperature, top_p=top_p,
+                       seed=seed, name=f"model:{model.config.name}")

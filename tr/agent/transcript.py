@@ -1,14 +1,15 @@
 """The conversation of one episode, kept twice in lock-step: as chat messages (what text policies
 such as HTTP teachers read) and as token segments (what token policies read and what training uses).
 
-Token layout (ChatML-like, one tokenizer call per piece of *environment* text; generated ids are
-stored as sampled):
+The token layout is ``tr.models.chat``'s ChatML layout (special tokens by id, never parsed from
+text); this module only cuts it into the pieces an episode produces one at a time:
 
-    prompt       = <|im_start|>system\\n{system}<|im_end|>\\n<|im_start|>user\\n{task}<|im_end|>\\n
-    header       = <|im_start|>assistant\\n          (appended to the context before each generation)
-    action       = sampled ids (a text policy's reply is encoded once, + end-of-turn id)
-    observation  = [end-of-turn if the action was cut] \\n<|im_start|>user\\n{obs}<|im_end|>\\n
+    prompt       = <|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{task}<|im_end|>\n
+    header       = <|im_start|>assistant\n          (appended to the context before each generation)
+    action       = sampled ids as they are (a text policy's reply is encoded once, + <|im_end|>)
+    observation  = [<|im_end|> if the action was cut] \n<|im_start|>user\n{obs}<|im_end|>\n
 
+so a finished window equals ``chat.layout_conversation`` of the same turns, token for token.
 ``turn_ids``: prompt 0; the action of turn t and the observation answering it carry t; the header
 before action t+1 belongs to observation t.
 """
@@ -17,41 +18,32 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Protocol
 
 from tr.agent.records import EpisodeRecord, Segment
-
-
-class Tokenizer(Protocol):
-    vocab_size: int
-    eos_id: int
-    pad_id: int
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: Sequence[int]) -> str: ...
+from tr.models import chat
+from tr.models.tokenizer import Tokenizer
 
 
 class ChatLayout:
-    """Turns chat pieces into token ids with a given tokenizer (see the module docstring)."""
+    """The pieces of ``tr.models.chat``'s layout for one tokenizer (see the module docstring)."""
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
         self.end_ids = [int(tokenizer.eos_id)]
-        self.header_ids = list(tokenizer.encode("<|im_start|>assistant\n"))
+        self.header_ids = list(chat.assistant_header(tokenizer))
 
     def prompt_ids(self, system: str, user: str) -> list[int]:
-        enc = self.tokenizer.encode
-        return (enc(f"<|im_start|>system\n{system}<|im_end|>\n")
-                + enc(f"<|im_start|>user\n{user}<|im_end|>\n"))
+        ids = chat.prompt_ids(self.tokenizer, system, user)
+        return ids[:len(ids) - len(self.header_ids)]
 
     def action_ids(self, text: str) -> list[int]:
         """Ids for a reply that came as text (scripted / HTTP): encoded once, + end-of-turn."""
         return list(self.tokenizer.encode(text)) + self.end_ids
 
     def user_ids(self, text: str, *, close_action: bool) -> list[int]:
-        close = self.end_ids if close_action else []
-        return close + list(self.tokenizer.encode(f"\n<|im_start|>user\n{text}<|im_end|>\n"))
+        """A user block after an action (closing it first if it was cut off)."""
+        ids = chat.observation_ids(self.tokenizer, text, [] if close_action else self.end_ids)
+        return ids[:len(ids) - len(self.header_ids)]
 
     def ends_turn(self, ids: Sequence[int]) -> bool:
         return len(ids) > 0 and int(ids[-1]) in self.end_ids
