@@ -107,7 +107,7 @@ class SocketIO:
     def read_available(self) -> bytes | None:
         if not self.eof:
             try:
-                data = self.sock.recv(1 << 16)
+                data = self.sock.recv(1 << 20)
                 if data:
                     self.buf += data
                 else:
@@ -233,13 +233,12 @@ class DockerSandbox:
         import docker
         cfg = self.config
         mb = 1024 * 1024
-        root, exe, site = _host_python()
-        version_dir = os.path.join(root, "lib", os.path.basename(exe))
+        from tr.envs.protected import python_mounts
+        exe, binds = python_mounts()
         mounts = [docker.types.Mount(target=path, source=self.ws.host_dir(name), type="bind")
                   for path, name in self.areas.items()]
-        mounts += [docker.types.Mount(target=root, source=root, type="bind", read_only=True),
-                   docker.types.Mount(target=os.path.join(version_dir, "site-packages"),
-                                      source=site, type="bind", read_only=True)]
+        mounts += [docker.types.Mount(target=dst, source=src, type="bind", read_only=True)
+                   for src, dst in binds]
         self._python = exe
         env = {"PATH": SHELL_PATH, "HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb"}
         env.update(cfg.env)
@@ -282,7 +281,10 @@ class DockerSandbox:
         return ex["Id"], SocketIO(sock), pid
 
     def _spawn_shell(self) -> ShellProcess:
-        exec_id, io_, pid = self._exec_start(["/bin/bash", "--noprofile", "--norc"])
+        # One pipe for stdout and stderr: docker frames the two streams separately and may
+        # reorder them, which would put an error message after the end-of-command sentinel.
+        exec_id, io_, pid = self._exec_start(
+            ["/bin/sh", "-c", "exec /bin/bash --noprofile --norc 2>&1"])
         if not pid:
             raise SandboxError(f"the shell did not start in {self.image} (no /bin/bash?)")
         api = self.client.api
@@ -327,7 +329,7 @@ class DockerSandbox:
         run_env.update(env or {})
         t0 = time.monotonic()
         exec_id, io_, pid = self._exec_start(
-            ["/bin/sh", "-c", 'read _ && exec /bin/bash --noprofile --norc -c "$1" </dev/null',
+            ["/bin/sh", "-c", 'read _ && exec /bin/bash --noprofile --norc -c "$1" </dev/null 2>&1',
              "sh", command], env=run_env)
         try:
             if pid:
@@ -432,12 +434,18 @@ class DockerSandbox:
 
     def copy_out(self, sandbox_path, host_path, *, keep_symlinks: bool = True) -> list[str]:
         self._require()
-        if self._in_areas(sandbox_path):
+        if self._in_areas(sandbox_path, follow_last=False):
             return self.ws.copy_out(sandbox_path, host_path, keep_symlinks=keep_symlinks)
         data = self._get_archive(sandbox_path)
         host_path = Path(host_path)
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
             first = tar.next()
+            if first is not None and first.issym():
+                if not keep_symlinks:
+                    return [first.name]
+                host_path.parent.mkdir(parents=True, exist_ok=True)
+                os.symlink(first.linkname, host_path)
+                return []
             if first is not None and first.isfile():
                 host_path.parent.mkdir(parents=True, exist_ok=True)
                 host_path.write_bytes(tar.extractfile(first).read())
@@ -532,8 +540,9 @@ class DockerSandbox:
         """The project interpreter, mounted read-only at creation; checked to still be that
         mount (from the host, in the container's mount table)."""
         self._require()
+        from tr.envs.protected import PYTHON_MOUNT
         self.remove_path("/etc/ld.so.preload")
-        root = _host_python()[0]
+        root = PYTHON_MOUNT
         pid = self.container.attrs.get("State", {}).get("Pid") or \
             self.client.api.inspect_container(self.container.id)["State"]["Pid"]
         mounts = Path(f"/proc/{pid}/mountinfo").read_text().split("\n")
@@ -568,11 +577,6 @@ class DockerSandbox:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _host_python():
-    from tr.envs.protected import host_python
-    return host_python()
 
 
 def _ancestors(path: str) -> list[str]:

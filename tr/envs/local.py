@@ -378,16 +378,11 @@ class LocalSandbox:
         self.ws.make_empty_dir(sandbox_path)
 
     def verifier_python(self) -> tuple[str, list]:
-        """The host interpreter at its own path, the project's site-packages as its
-        site-packages, the loader config (ld.so.*) from the pristine /etc; read-only."""
-        from tr.envs.protected import host_python
-        root, exe, site = host_python()
+        """The project interpreter at /opt/tr/python with the project's site-packages, and the
+        loader config (ld.so.*) from the pristine /etc; read-only, in the verifier's tree only."""
+        from tr.envs.protected import python_mounts
+        exe, binds = python_mounts()
         self.remove_path("/etc/ld.so.preload")
-        binds = []
-        if not root.startswith("/usr/"):
-            binds.append((root, root))
-        version_dir = os.path.join(root, "lib", os.path.basename(exe))
-        binds.append((site, os.path.join(version_dir, "site-packages")))
         tmpl = etc_template(self.state_dir)
         binds += [(str(tmpl / n), f"/etc/{n}") for n in ("ld.so.cache", "ld.so.conf",
                                                            "ld.so.conf.d") if (tmpl / n).exists()]

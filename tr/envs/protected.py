@@ -12,8 +12,9 @@ Order (the caller takes the pre-verifier snapshot first, e.g. ``Sandbox.snapshot
    empty, so a planted symlink or pre-written result file cannot stand in for the real one.
 4. The command runs in a *fresh* shell (``run_fresh``: not the agent's shell, its own timeout)
    with a clean environment: fixed ``PATH``, no ``PYTHONPATH``/``PYTHONSTARTUP``, user site off,
-   ``$TR_PYTHON`` the project's interpreter with pytest, mounted read-only (local: the host's
-   interpreter and venv site-packages at their own path, loader config from the pristine /etc).
+   ``$TR_PYTHON`` the project's interpreter with pytest, mounted read-only at ``/opt/tr/python``
+   with the project's site-packages as its site-packages (local: only in the verifier's tree,
+   loader config from the pristine /etc; Docker: mounted at container creation).
    ``PYTEST_ADDOPTS=--confcutdir=<tests>`` keeps conftest.py files outside the tests unread.
 5. The results folder is copied out to ``output_dir`` without following links (links skipped).
 
@@ -30,14 +31,18 @@ from pathlib import Path
 
 from tr.envs.sandbox import CommandResult, SandboxError
 
+PYTHON_MOUNT = "/opt/tr/python"     # where the project interpreter appears (read-only)
 VERIFIER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TESTS_MOUNT = "/tests"
 RESULTS_DIR = "/logs/verifier"
 
 
 def verifier_env(python: str, tests_mount: str) -> dict:
-    """The whole environment of the verifier command (nothing inherited from the agent)."""
+    """The whole environment of the verifier command (nothing inherited from the agent).
+    ``LD_LIBRARY_PATH`` points at the mounted interpreter's own libpython (its RUNPATH names its
+    host path, which does not exist inside)."""
     return {
+        "LD_LIBRARY_PATH": f"{PYTHON_MOUNT}/lib",
         "PATH": VERIFIER_PATH,
         "HOME": "/root",
         "LANG": "C.UTF-8",
@@ -79,6 +84,15 @@ def run_verifier(sandbox, tests_dir, command: str, *, timeout_s: float, output_d
     except SandboxError:
         pass   # the verifier removed or never made its results folder: nothing to copy
     return result
+
+
+def python_mounts() -> tuple[str, list[tuple[str, str]]]:
+    """(interpreter path inside, [(host path, sandbox path)] read-only binds) for the verifier."""
+    root, exe, site = host_python()
+    rel_exe = os.path.relpath(exe, root)
+    version = os.path.basename(exe)
+    binds = [(root, PYTHON_MOUNT), (site, f"{PYTHON_MOUNT}/lib/{version}/site-packages")]
+    return f"{PYTHON_MOUNT}/{rel_exe}", binds
 
 
 def host_python() -> tuple[str, str, str]:

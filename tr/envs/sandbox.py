@@ -170,17 +170,17 @@ class CappedOutput:
 
     def add(self, data: bytes) -> None:
         self.total += len(data)
+        view = memoryview(data)
         if len(self.head) < self.head_cap:
             take = self.head_cap - len(self.head)
-            self.head += data[:take]
-            data = data[take:]
-        if data:
-            if len(data) >= self.tail_cap:
-                self.tail = bytearray(data[len(data) - self.tail_cap:])
-            else:
-                self.tail += data
-                if len(self.tail) > self.tail_cap:
-                    del self.tail[:len(self.tail) - self.tail_cap]
+            self.head += view[:take]
+            view = view[take:]
+        if len(view) >= self.tail_cap:
+            self.tail = bytearray(view[len(view) - self.tail_cap:])
+        elif view:
+            self.tail += view
+            if len(self.tail) > self.tail_cap:
+                del self.tail[:len(self.tail) - self.tail_cap]
 
     @property
     def truncated(self) -> bool:

@@ -54,13 +54,18 @@ class PipeIO:
     def __init__(self, write_fd: int, read_fd: int):
         self.write_fd, self.read_fd = write_fd, read_fd
         os.set_blocking(read_fd, False)
+        try:   # a 1 MiB pipe: a gigabyte of output takes ~16x fewer wake-ups
+            import fcntl
+            fcntl.fcntl(read_fd, 1031, 1 << 20)   # F_SETPIPE_SZ
+        except OSError:
+            pass
 
     def fileno(self) -> int:
         return self.read_fd
 
     def read_available(self) -> bytes | None:
         try:
-            data = os.read(self.read_fd, 1 << 16)
+            data = os.read(self.read_fd, 1 << 20)
         except BlockingIOError:
             return b""
         return data if data else None
@@ -112,26 +117,27 @@ class _Scanner:
         self.leftover = b""
 
     def feed(self, data: bytes) -> None:
-        self.pending += data
-        i = self.pending.find(self.marker)
-        if i >= 0:
-            nl = self.pending.find(b"\n", i)
-            if nl < 0:
-                self.out.add(bytes(self.pending[:i]))
-                del self.pending[:i]
-                return
-            self.out.add(bytes(self.pending[:i]))
-            code = bytes(self.pending[i + len(self.marker):nl])
-            self.exit_code = int(code) if code.lstrip(b"-").isdigit() else None
-            self.leftover = bytes(self.pending[nl + 1:])
+        if self.pending:
+            data = bytes(self.pending) + data
             self.pending.clear()
+        i = data.find(self.marker)
+        if i >= 0:
+            nl = data.find(b"\n", i)
+            self.out.add(data[:i])
+            if nl < 0:                      # the exit code is still on its way
+                self.pending += data[i:]
+                return
+            code = data[i + len(self.marker):nl]
+            self.exit_code = int(code) if code.lstrip(b"-").isdigit() else None
+            self.leftover = data[nl + 1:]
             self.done = True
             return
-        keep = len(self.marker) - 1
-        if len(self.pending) > keep:
-            cut = len(self.pending) - keep
-            self.out.add(bytes(self.pending[:cut]))
-            del self.pending[:cut]
+        keep = len(self.marker) - 1      # a marker may straddle two reads
+        if len(data) > keep:
+            self.out.add(memoryview(data)[:len(data) - keep])
+            self.pending += data[len(data) - keep:]
+        else:
+            self.pending += data
 
     def flush(self) -> None:
         self.out.add(bytes(self.pending))

@@ -367,7 +367,7 @@ class HostWorkspace:
         """Copy sandbox ``path`` to the host without following links inside it; links are kept as
         links (or skipped with ``keep_symlinks=False``), special files skipped.  Returns the
         relative paths that were skipped."""
-        area, parts = self.locate(path)
+        area, parts = self.locate(path, follow_last=False)
         host_path = Path(host_path)
         skipped: list[str] = []
         if parts:
