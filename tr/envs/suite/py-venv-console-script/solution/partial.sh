@@ -1,0 +1,3 @@
+#!/usr/bin/env bash
+
+python3 -m venv --without-pip /app/.venv
