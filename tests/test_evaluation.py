@@ -58,3 +58,16 @@ def test_evaluate_writes_json_and_table(tmp_path):
     table = (tmp_path / "eval.txt").read_text()
     assert "policy: scripted" in table and "Mean@2" in table and f"family {tasks[0].family}" in table
     assert (tmp_path / "episodes-scripted.jsonl").read_text().count("\n") == 4
+
+
+def test_cli_writes_the_table(tmp_path, capsys):
+    from tr.agent.evaluation import main
+    from tr.envs.tasks import load_suite
+
+    easy = next(t for t in load_suite() if t.tier == "easy")
+    assert main(["--policies", "scripted", "--k", "1", "--tasks", easy.id, "--workdir", str(tmp_path),
+                 "--concurrency", "1"]) == 0
+    assert "Mean@1" in capsys.readouterr().out
+    assert json.loads((tmp_path / "eval.json").read_text())["scripted"]["overall"]["pass@1"] == 1.0
+    with pytest.raises(SystemExit):
+        main(["--tasks", "no-such-task", "--workdir", str(tmp_path)])

@@ -242,3 +242,62 @@ def test_model_policy_is_token_in_token_out(tasks):
     logp, _ = token_logprobs(model, jnp.asarray(seq["tokens"])[None])
     np.testing.assert_allclose(np.asarray(logp[0])[seq["actor_mask"]], seq["logprobs"][seq["actor_mask"]],
                                atol=2e-3)
+
+
+@pytest.mark.parametrize("fixture", ["harbor-csv-total", "tb1-word-count"])
+def test_scripted_policy_replays_external_layouts_as_one_turn(fixture, layout):
+    import pathlib
+
+    from tr.envs.tasks import load_task
+
+    task = load_task(pathlib.Path(__file__).parent / "fixtures" / "tasks" / fixture)
+    rec = _run(task, ScriptedPolicy([task]), layout)
+    assert rec.status is EpisodeStatus.VERIFIED_PASS, (rec.error, rec.turns)
+    assert [t.kind for t in rec.turns] == ["command", "done"]
+
+
+def test_injected_mistakes_are_seeded_and_change_commands(tasks):
+    from tr.agent.harness import GenerationRequest
+
+    task = tasks["hard"]
+    clean = ScriptedPolicy([task])
+    n = len(clean.commands[task.id])
+
+    def commands(policy, seed):
+        out, msgs = [], [{"role": "system", "content": "s"}, {"role": "user", "content": task.instruction}]
+        for turn in range(1, n + 1):
+            req = GenerationRequest(messages=tuple(msgs), prompt_tokens=(), max_tokens=8192,
+                                    task_id=task.id, seed=seed, turn=turn)
+            text = policy.generate([req])[0].text
+            out.append(parse_action(text).command)
+            msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": "exit_code: 0\nok"}]
+        return out
+
+    assert commands(clean, 0) == clean.commands[task.id]
+    always = ScriptedPolicy([task], mistake_prob=1.0, seed=3)
+    wrong = commands(always, 0)
+    assert all(w != c for w, c in zip(wrong, clean.commands[task.id]))
+    assert wrong == commands(ScriptedPolicy([task], mistake_prob=1.0, seed=3), 0)  # seeded
+    half = [commands(ScriptedPolicy([task], mistake_prob=0.5, seed=1), s) for s in range(20)]
+    n_wrong = sum(w != c for run in half for w, c in zip(run, clean.commands[task.id]))
+    assert 0 < n_wrong < 20 * n
+
+
+def test_progress_line_reports_done_pass_rate_and_rate():
+    import io
+
+    from tr.agent.records import EpisodeRecord, TurnRecord
+    from tr.agent.rollout import Progress
+
+    out = io.StringIO()
+    prog = Progress(3, stream=out, enabled=True, min_interval_s=0.0)
+    turns = [TurnRecord(turn=1, kind="command", text="")]
+    prog.update(EpisodeRecord(episode_id="a", task_id="t", status=EpisodeStatus.VERIFIED_PASS,
+                              passed=True, turns=turns))
+    prog.update(EpisodeRecord(episode_id="b", task_id="t", status=EpisodeStatus.INFRA_FAILURE))
+    prog.update(EpisodeRecord(episode_id="c", task_id="t", status=EpisodeStatus.TURN_CAP, passed=False,
+                              turns=turns * 2))
+    lines = out.getvalue().split("\r")
+    assert "1/3 episodes" in lines[1] and "pass 100.0%" in lines[1]
+    assert "3/3 episodes" in lines[-1] and "pass  50.0%" in lines[-1] and "infra 1" in lines[-1]
+    assert "steps/s" in lines[-1] and out.getvalue().endswith("\n")

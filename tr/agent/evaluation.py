@@ -82,6 +82,12 @@ def summarise(records: Sequence[EpisodeRecord], tasks: Sequence, k: int) -> dict
     }
 
 
+def _default_layout() -> ChatLayout:
+    from tr.models.tokenizer import ByteTokenizer
+
+    return ChatLayout(ByteTokenizer())
+
+
 def _pct(x: float | None) -> str:
     return "   -  " if x is None else f"{100 * x:5.1f}%"
 
@@ -110,15 +116,16 @@ def evaluate(
     *,
     k: int = 3,
     workdir: str | os.PathLike,
-    layout: ChatLayout,
+    layout: ChatLayout | None = None,
     backend: str = "local",
     concurrency: int = 4,
-    budgets: Budgets = Budgets(),
+    budgets: Budgets | Mapping[str, Budgets] = Budgets(),
     seed: int = 0,
     progress: bool | None = None,
     sandbox_config=None,
 ) -> dict:
-    """Evaluates each policy on ``tasks`` (``k`` attempts each); writes ``workdir/eval.json``
+    """Evaluates each policy on ``tasks`` (``k`` attempts each) with its budgets (one ``Budgets`` for
+    all, or a mapping policy name → ``Budgets``); writes ``workdir/eval.json``
     (all numbers + per task), ``workdir/eval.txt`` (the table) and the episode records
     ``workdir/episodes-<policy>.jsonl``.  Returns ``{policy name: summary}``."""
     if not tasks:
@@ -128,9 +135,13 @@ def evaluate(
     os.makedirs(workdir, exist_ok=True)
     results = {}
     for name, policy in policies.items():
-        config = RolloutConfig(backend=backend, concurrency=concurrency, budgets=budgets,
-                               progress=progress, sandbox_config=sandbox_config)
-        out = run_rollouts(eval_specs(tasks, k, seed=seed), policy, layout, config)
+        if isinstance(budgets, Mapping) and name not in budgets:
+            raise ValueError(f"evaluate: no budgets for policy {name!r} (have {sorted(budgets)})")
+        config = RolloutConfig(backend=backend, concurrency=concurrency, progress=progress,
+                               budgets=budgets[name] if isinstance(budgets, Mapping) else budgets,
+                               sandbox_config=sandbox_config)
+        policy_layout = getattr(policy, "layout", None) or layout or _default_layout()
+        out = run_rollouts(eval_specs(tasks, k, seed=seed), policy, policy_layout, config)
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
         write_shard(out.records, os.path.join(workdir, f"episodes-{safe}.jsonl"))
         res = summarise(out.records, tasks, k)
@@ -142,3 +153,53 @@ def evaluate(
     with open(os.path.join(workdir, "eval.txt"), "w", encoding="utf-8") as f:
         f.write(format_table(results))
     return results
+
+
+def main(argv=None) -> int:
+    """``python -m tr.agent.evaluation --policies scripted tiny --k 3 --workdir DIR``."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m tr.agent.evaluation",
+                                description="Mean@k / Pass@1 of policies on a task suite")
+    p.add_argument("--policies", nargs="+", default=["scripted", "tiny"],
+                   help="'scripted' (reference-solution teacher) and/or a model size ('tiny', untrained)")
+    p.add_argument("--k", type=int, default=3)
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--suite", default=None, help="task suite directory (default: built-in)")
+    p.add_argument("--tasks", nargs="*", default=None, help="only these task ids")
+    p.add_argument("--backend", default="local", choices=("local", "docker"))
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--max-turns", type=int, default=None, help="cap on turns (default: the task's)")
+    p.add_argument("--model-output-tokens", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+
+    from tr.agent.policies import ScriptedPolicy, load_model_policy
+    from tr.envs.tasks import load_suite
+
+    tasks = load_suite(args.suite)
+    if args.tasks:
+        unknown = sorted(set(args.tasks) - {t.id for t in tasks})
+        if unknown:
+            p.error(f"--tasks: unknown task id(s) {unknown}")
+        tasks = [t for t in tasks if t.id in set(args.tasks)]
+    policies, budgets = {}, {}
+    for name in args.policies:
+        if name == "scripted":
+            policies[name] = ScriptedPolicy(tasks, seed=args.seed)
+            budgets[name] = Budgets(max_turns=args.max_turns)
+        else:
+            policy = load_model_policy(name, seed=args.seed)
+            policies[name] = policy
+            budgets[name] = policy.budgets(args.model_output_tokens, max_turns=args.max_turns)
+    results = evaluate(policies, tasks, k=args.k, workdir=args.workdir,
+                       backend=args.backend, concurrency=args.concurrency, budgets=budgets,
+                       seed=args.seed)
+    print(format_table(results))
+    print(f"wrote {os.path.join(args.workdir, 'eval.json')} and eval.txt", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

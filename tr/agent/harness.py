@@ -152,11 +152,13 @@ def observation_text(turn: TurnRecord) -> str | None:
 @dataclasses.dataclass(frozen=True)
 class Budgets:
     """Per-episode limits.  ``max_turns`` / ``wall_time_s`` None = the task's own budgets.
-    ``summarise_at_tokens`` None = no active summarisation (SPEC §6: 32k at paper scale)."""
+    ``summarise_at_tokens`` None = no active summarisation (SPEC §6: 32k at paper scale).
+    Defaults are the papers' (8,192 output tokens per turn, 65k context); a small model gets
+    budgets that fit its sampler from ``ModelPolicy.budgets()``."""
 
     max_turns: int | None = None
-    max_output_tokens: int = 1024
-    max_context_tokens: int = 32_768
+    max_output_tokens: int = 8192
+    max_context_tokens: int = 65_536
     wall_time_s: float | None = None
     command_timeout_s: float = 60.0
     summarise_at_tokens: int | None = None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 import re
+import shlex
 import threading
 import time
 from collections.abc import Sequence
@@ -43,15 +44,22 @@ _NOT_ANCHORS = ("exit_code:", FORMAT_REMINDER[:30], SUMMARY_REQUEST[:30])
 
 
 def solution_commands(task) -> list[str]:
-    """The reference solution as agent turns: blocks of a tr ``solve.sh``; a whole external script."""
+    """The reference solution as agent turns: the blocks of a tr ``solve.sh``; for an external
+    layout (Harbor, TB1) one turn that writes the script to a file and runs it with its own
+    interpreter (so its ``set -e`` or ``exit`` stay out of the agent's persistent shell)."""
     from tr.envs.tasks import split_turns
+    from tr.envs.tasks.model import script_interpreter
 
     if task.solution is None:
-        raise ValueError(f"task {task.id}: has no reference solution (solution/solve.sh)")
+        raise ValueError(f"task {task.id}: has no reference solution")
     text = task.solution.read_text(encoding="utf-8")
     if task.layout == "tr":
         return split_turns(text)
-    return [text.strip()]
+    marker = "TR_SOLUTION_EOF"
+    if marker in text:
+        raise ValueError(f"{task.solution}: contains {marker!r}, cannot be replayed as one command")
+    interpreter = " ".join(shlex.quote(w) for w in script_interpreter(text))
+    return [f"cat > /tmp/tr-solve <<'{marker}'\n{text.rstrip()}\n{marker}\n{interpreter} /tmp/tr-solve"]
 
 
 def inject_mistake(command: str, rng: random.Random) -> str:
