@@ -6,6 +6,7 @@ lands strictly in between (not strict, P above nothing's). One sandbox per task 
 """
 
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -41,7 +42,13 @@ def test_task_solution_passes_nothing_fails_partial_in_between(task_dir):
     assert task.verifier.final_gate, "every built-in task names a final gate"
     assert task.solution is not None and task.partial is not None
 
-    solved, turns = runner.run_task(task, "solution", "local")
+    # The three attempts run side by side, each in its own sandbox (they wait on subprocesses).
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {a: pool.submit(runner.run_task, task, a, "local")
+                   for a in ("solution", "none", "partial")}
+        (solved, turns), (nothing, _), (partial, _) = (
+            futures[a].result() for a in ("solution", "none", "partial"))
+
     assert solved.error is None and solved.strict_pass, _describe(solved)
     assert solved.executed >= 3, "several scenario checks"
     assert solved.matched == solved.executed
@@ -50,12 +57,10 @@ def test_task_solution_passes_nothing_fails_partial_in_between(task_dir):
     assert not failed_turns, failed_turns
     assert len(turns) <= task.budgets.max_turns
 
-    nothing, _ = runner.run_task(task, "none", "local")
     assert nothing.error is None and not nothing.strict_pass, _describe(nothing)
     assert nothing.executed == solved.executed
     assert nothing.matched < nothing.executed
     assert nothing.matched <= 0, "a no-op must pass no scenario check:\n" + _describe(nothing)
 
-    partial, _ = runner.run_task(task, "partial", "local")
     assert partial.error is None and not partial.strict_pass, _describe(partial)
     assert nothing.matched < partial.matched < solved.matched, _describe(partial)
