@@ -1,0 +1,285 @@
+"""Hugging Face Qwen3 safetensors <-> NNX parameters (import and export, names, shapes, dtypes).
+
+HF `Qwen3ForCausalLM` stores linear weights as `[out, in]`; this decoder stores them as
+`[in, out]` with heads split out (`q_proj [d, H, hd]`, `o_proj [H, hd, d]`). The table below is the
+whole mapping; `export` and `import` are its two directions, so a round trip is exact.
+The critic adds `score.weight [1, d]` and `score.bias [1]` (HF token-classification naming) and
+`value_start [1]` (this project's empty-history value).
+Files: one `model.safetensors`, or shards with `model.safetensors.index.json`; `config.json`
+follows HF's Qwen3 config keys.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any, Callable, Iterator, Mapping
+
+import ml_dtypes
+import numpy as np
+from flax import nnx
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from tr.models.config import ModelConfig
+from tr.models.critic import CriticModel
+from tr.models.decoder import Decoder
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+_NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+
+# (our path, hf name, to_hf(ours, config), from_hf(hf, config))
+Converter = tuple[tuple[Any, ...], str, Callable[[np.ndarray, ModelConfig], np.ndarray],
+                  Callable[[np.ndarray, ModelConfig], np.ndarray]]
+
+
+def _same(x, c):
+    return x
+
+
+def _transpose(x, c):
+    return x.T
+
+
+def _heads_in_to_hf(n_heads_attr: str):
+    return lambda x, c: x.reshape(c.d_model, getattr(c, n_heads_attr) * c.head_dim).T
+
+
+def _heads_in_from_hf(n_heads_attr: str):
+    return lambda x, c: x.T.reshape(c.d_model, getattr(c, n_heads_attr), c.head_dim)
+
+
+def _o_to_hf(x, c):
+    return x.reshape(c.n_heads * c.head_dim, c.d_model).T
+
+
+def _o_from_hf(x, c):
+    return x.T.reshape(c.n_heads, c.head_dim, c.d_model)
+
+
+def _hf_shape(name: str, c: ModelConfig) -> tuple[int, ...]:
+    """Expected HF tensor shape for `name` (used to name the fault in errors)."""
+    d, hd = c.d_model, c.head_dim
+    table = {
+        "embed_tokens.weight": (c.vocab_size, d), "lm_head.weight": (c.vocab_size, d), "norm.weight": (d,),
+        "input_layernorm.weight": (d,), "post_attention_layernorm.weight": (d,),
+        "q_proj.weight": (c.n_heads * hd, d), "k_proj.weight": (c.n_kv_heads * hd, d),
+        "v_proj.weight": (c.n_kv_heads * hd, d), "o_proj.weight": (d, c.n_heads * hd),
+        "q_norm.weight": (hd,), "k_norm.weight": (hd,),
+        "gate_proj.weight": (c.d_ff, d), "up_proj.weight": (c.d_ff, d), "down_proj.weight": (d, c.d_ff),
+        "score.weight": (1, d), "score.bias": (1,), "value_start": (1,),
+    }
+    key = re.sub(r"^model\.(layers\.\d+\.(self_attn\.|mlp\.)?)?", "", name)
+    return table[key]
+
+
+def decoder_mapping(config: ModelConfig, *, lm_head: bool = True, prefix: tuple[Any, ...] = ()) -> list[Converter]:
+    """The mapping for a `Decoder` (paths relative to `prefix` inside the module)."""
+    out: list[Converter] = [(prefix + ("embed_tokens",), "model.embed_tokens.weight", _same, _same)]
+    for i in range(config.n_layers):
+        p, h = prefix + ("layers", i), f"model.layers.{i}."
+        out += [
+            (p + ("input_layernorm", "weight"), h + "input_layernorm.weight", _same, _same),
+            (p + ("self_attn", "q_proj"), h + "self_attn.q_proj.weight", _heads_in_to_hf("n_heads"), _heads_in_from_hf("n_heads")),
+            (p + ("self_attn", "k_proj"), h + "self_attn.k_proj.weight", _heads_in_to_hf("n_kv_heads"), _heads_in_from_hf("n_kv_heads")),
+            (p + ("self_attn", "v_proj"), h + "self_attn.v_proj.weight", _heads_in_to_hf("n_kv_heads"), _heads_in_from_hf("n_kv_heads")),
+            (p + ("self_attn", "o_proj"), h + "self_attn.o_proj.weight", _o_to_hf, _o_from_hf),
+            (p + ("self_attn", "q_norm", "weight"), h + "self_attn.q_norm.weight", _same, _same),
+            (p + ("self_attn", "k_norm", "weight"), h + "self_attn.k_norm.weight", _same, _same),
+            (p + ("post_attention_layernorm", "weight"), h + "post_attention_layernorm.weight", _same, _same),
+            (p + ("mlp", "gate_proj"), h + "mlp.gate_proj.weight", _transpose, _transpose),
+            (p + ("mlp", "up_proj"), h + "mlp.up_proj.weight", _transpose, _transpose),
+            (p + ("mlp", "down_proj"), h + "mlp.down_proj.weight", _transpose, _transpose),
+        ]
+    out.append((prefix + ("norm", "weight"), "model.norm.weight", _same, _same))
+    if lm_head and not config.tie_embeddings:
+        out.append((prefix + ("lm_head",), "lm_head.weight", _transpose, _transpose))
+    return out
+
+
+def model_mapping(model: nnx.Module) -> list[Converter]:
+    """Mapping for a `Decoder` or a `CriticModel`."""
+    if isinstance(model, CriticModel):
+        reshape_1 = (lambda x, c: x.reshape(1, -1), lambda x, c: x.reshape(-1))
+        scalar = (lambda x, c: x.reshape(1), lambda x, c: x.reshape(()))
+        return decoder_mapping(model.config, lm_head=False, prefix=("backbone",)) + [
+            (("value_head",), "score.weight", *reshape_1),
+            (("value_bias",), "score.bias", *scalar),
+            (("value_start",), "value_start", *scalar),
+        ]
+    if isinstance(model, Decoder):
+        return decoder_mapping(model.config, lm_head=model.lm_head is not None)
+    raise TypeError(f"no Hugging Face mapping for {type(model).__name__}")
+
+
+def _variables(model: nnx.Module) -> dict[tuple[Any, ...], nnx.Variable]:
+    return {path: var for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+
+
+def export_state_dict(model: nnx.Module, dtype: str | None = None) -> dict[str, np.ndarray]:
+    """HF-named numpy tensors of `model` (in `dtype`, default the parameter's own dtype)."""
+    variables = _variables(model)
+    mapping = model_mapping(model)
+    unmapped = set(variables) - {m[0] for m in mapping}
+    if unmapped:
+        raise ValueError(f"export: parameters without a Hugging Face name: {sorted(unmapped)[:5]}")
+    tensors = {}
+    for path, hf_name, to_hf, _ in mapping:
+        value = np.asarray(variables[path].get_value())
+        if dtype is not None:
+            value = value.astype(_NP_DTYPES[dtype])
+        tensors[hf_name] = np.ascontiguousarray(to_hf(value, model.config))
+    return tensors
+
+
+def import_state_dict(model: nnx.Module, tensors: Mapping[str, np.ndarray], *, source: str = "<tensors>",
+                      origin: Mapping[str, str] | None = None) -> nnx.Module:
+    """Load HF-named tensors into `model` in place (cast to each parameter's dtype); returns `model`.
+
+    Every mapped name must be present with its HF shape; unknown names are an error (except
+    `lm_head.weight` for tied embeddings and rotary caches), so a wrong checkpoint fails loudly.
+    `origin` maps tensor names to the file they came from (for error messages).
+    """
+    origin = origin or {}
+    config = model.config
+    variables = _variables(model)
+    mapping = model_mapping(model)
+    names = {m[1] for m in mapping}
+    missing = sorted(names - set(tensors))
+    if missing:
+        raise ValueError(f"{source}: missing {len(missing)} tensor(s) for model {config.name!r}, e.g. {missing[:4]}")
+    ignorable = {"lm_head.weight"} if config.tie_embeddings or isinstance(model, CriticModel) else set()
+    extra = sorted(n for n in tensors if n not in names and n not in ignorable
+                   and not n.endswith(_IGNORED_SUFFIXES))
+    if extra:
+        raise ValueError(f"{source}: {len(extra)} unexpected tensor(s) for model {config.name!r}, e.g. {extra[:4]} "
+                         "(wrong architecture or config?)")
+    updates = []
+    for path, hf_name, _, from_hf in mapping:
+        value = np.asarray(tensors[hf_name])
+        expected = _hf_shape(hf_name, config)
+        if tuple(value.shape) != expected:
+            raise ValueError(f"{origin.get(hf_name, source)}: tensor {hf_name!r} has shape {tuple(value.shape)}, expected {expected} "
+                             f"for model {config.name!r}")
+        var = variables[path]
+        target_dtype = np.asarray(var.get_value()).dtype
+        updates.append((path, var.replace(np.asarray(from_hf(value, config)).astype(target_dtype))))
+    nnx.update(model, nnx.from_flat_state(updates))
+    return model
+
+
+def hf_config_dict(config: ModelConfig) -> dict[str, Any]:
+    """`config.json` content in Hugging Face Qwen3 terms."""
+    return {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+        "vocab_size": config.vocab_size, "hidden_size": config.d_model, "num_hidden_layers": config.n_layers,
+        "num_attention_heads": config.n_heads, "num_key_value_heads": config.n_kv_heads,
+        "head_dim": config.head_dim, "intermediate_size": config.d_ff, "rope_theta": config.rope_theta,
+        "rms_norm_eps": config.rms_eps, "tie_word_embeddings": config.tie_embeddings,
+        "max_position_embeddings": config.max_seq_len, "torch_dtype": config.param_dtype,
+        "hidden_act": "silu", "attention_bias": False,
+    }
+
+
+def config_from_hf(source: str | os.PathLike | Mapping[str, Any], name: str = "hf", **overrides: Any) -> ModelConfig:
+    """A `ModelConfig` from an HF Qwen3 `config.json` (path, its folder, or the parsed dict)."""
+    where = "<dict>"
+    if not isinstance(source, Mapping):
+        where = os.fspath(source)
+        if os.path.isdir(where):
+            where = os.path.join(where, "config.json")
+        with open(where) as f:
+            source = json.load(f)
+    required = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+    missing = [k for k in required if k not in source]
+    if missing:
+        raise ValueError(f"{where}: config.json lacks {missing}")
+    if source.get("hidden_act", "silu") != "silu" or source.get("attention_bias", False):
+        raise ValueError(f"{where}: only Qwen3-style configs (silu, no attention bias) are supported")
+    dtype = str(source.get("torch_dtype", "bfloat16"))
+    dtype = dtype if dtype in _NP_DTYPES else "bfloat16"
+    fields = dict(
+        vocab_size=source["vocab_size"], d_model=source["hidden_size"], n_layers=source["num_hidden_layers"],
+        n_heads=source["num_attention_heads"],
+        n_kv_heads=source.get("num_key_value_heads", source["num_attention_heads"]),
+        head_dim=source.get("head_dim", source["hidden_size"] // source["num_attention_heads"]),
+        d_ff=source["intermediate_size"], rope_theta=float(source.get("rope_theta", 1e6)),
+        rms_eps=float(source.get("rms_norm_eps", 1e-6)),
+        tie_embeddings=bool(source.get("tie_word_embeddings", False)),
+        max_seq_len=source.get("max_position_embeddings", 40960), dtype=dtype, param_dtype=dtype)
+    return ModelConfig(name=name, **{**fields, **overrides})
+
+
+def save_safetensors(model: nnx.Module, directory: str | os.PathLike, *, dtype: str | None = None,
+                     max_shard_bytes: int | None = None) -> list[str]:
+    """Write HF-named `model.safetensors` (or shards + index) and `config.json`; returns the files."""
+    directory = os.fspath(directory)
+    os.makedirs(directory, exist_ok=True)
+    tensors = export_state_dict(model, dtype)
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for name, value in tensors.items():
+        if max_shard_bytes is not None and shards[-1] and size + value.nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = value
+        size += value.nbytes
+    files = []
+    if len(shards) == 1:
+        files.append(SINGLE_FILE)
+        save_file(shards[0], os.path.join(directory, SINGLE_FILE), metadata={"format": "pt"})
+    else:
+        weight_map = {}
+        for k, shard in enumerate(shards, start=1):
+            fname = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, os.path.join(directory, fname), metadata={"format": "pt"})
+            weight_map.update({name: fname for name in shard})
+            files.append(fname)
+        total = sum(v.nbytes for v in tensors.values())
+        with open(os.path.join(directory, INDEX_FILE), "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
+        files.append(INDEX_FILE)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(hf_config_dict(model.config), f, indent=1)
+    files.append("config.json")
+    return files
+
+
+def iter_safetensors(path: str | os.PathLike) -> Iterator[tuple[str, np.ndarray, str]]:
+    """`(name, tensor, file)` for every tensor of a file, a folder, or an index json."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        index = os.path.join(path, INDEX_FILE)
+        if os.path.isfile(index):
+            path = index
+        elif os.path.isfile(os.path.join(path, SINGLE_FILE)):
+            path = os.path.join(path, SINGLE_FILE)
+        else:
+            raise FileNotFoundError(f"{path}: no {SINGLE_FILE} or {INDEX_FILE}")
+    if path.endswith(".json"):
+        with open(path) as f:
+            weight_map = json.load(f).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{path}: index has no 'weight_map' object")
+        files = sorted(set(weight_map.values()))
+        folder = os.path.dirname(path)
+        paths = [os.path.join(folder, f) for f in files]
+    else:
+        paths = [path]
+    for file in paths:
+        if not os.path.isfile(file):
+            raise FileNotFoundError(f"safetensors file {file!r} not found")
+        with safe_open(file, framework="numpy") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name), file
+
+
+def load_safetensors(model: nnx.Module, path: str | os.PathLike) -> nnx.Module:
+    """Load an HF checkpoint (file, folder or index) into `model` in place; returns `model`."""
+    tensors, origin = {}, {}
+    for name, value, file in iter_safetensors(path):
+        tensors[name], origin[name] = value, file
+    return import_state_dict(model, tensors, source=os.fspath(path), origin=origin)
