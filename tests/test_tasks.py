@@ -371,3 +371,11 @@ def test_docker_backend_builds_the_dockerfile_and_agrees_with_local():
     on_local, _ = runner.run_task(task, "solution", "local")
     assert [(c.name, c.passed) for c in on_docker.checks] == [
         (c.name, c.passed) for c in on_local.checks]
+
+
+def test_final_workdir_even_for_docker_only_dockerfiles(tmp_path):
+    (tmp_path / "Dockerfile").write_text(
+        "FROM ubuntu:24.04\nARG BASE=/srv\nWORKDIR $BASE\nRUN apt-get install -y jq\nWORKDIR app\n")
+    assert dfile.final_workdir(tmp_path / "Dockerfile") == "/srv/app"
+    (tmp_path / "Dockerfile").write_text("FROM ubuntu:24.04\nRUN true\n")
+    assert dfile.final_workdir(tmp_path / "Dockerfile") is None

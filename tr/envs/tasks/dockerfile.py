@@ -234,6 +234,26 @@ def plan(dockerfile: Path, context: Path, default_workdir: str = "/") -> LocalPl
     return LocalPlan(base_image=base, workdir=workdir, env=env, steps=tuple(steps))
 
 
+def final_workdir(dockerfile: Path) -> str | None:
+    """The WORKDIR in force at the end of a Dockerfile (None if it sets none); no refusals."""
+    workdir = None
+    variables: dict[str, str] = {}
+    for ins in parse(dockerfile.read_text(encoding="utf-8"), dockerfile):
+        if ins.keyword in ("ARG", "ENV"):
+            try:
+                pairs = ([tuple(ins.args.partition("=")[::2])] if ins.keyword == "ARG"
+                         else _key_values(ins.args))
+            except ValueError:
+                continue
+            variables.update({k.strip(): v.strip().strip('"') for k, v in pairs})
+        elif ins.keyword == "FROM":
+            workdir = None
+        elif ins.keyword == "WORKDIR":
+            target = _substitute(ins.args.strip().strip('"'), variables)
+            workdir = posixpath.normpath(posixpath.join(workdir or "/", target))
+    return workdir
+
+
 def _copy_step(dockerfile: Path, context: Path, ins: Instruction, workdir: str,
                variables: dict[str, str]) -> CopyStep:
     exec_form = _exec_or_shell(ins.args)

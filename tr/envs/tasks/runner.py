@@ -77,15 +77,12 @@ def sandbox_config(task: Task, backend: str = "local", base=None):
 
 
 def _docker_workdir(task: Task) -> str:
+    """The workdir a task's image ends with (its last WORKDIR), else the task's workdir."""
     if task.environment.kind == "dockerfile":
         try:
-            return dfile.plan(task.environment.dockerfile, task.environment.dockerfile.parent,
-                              default_workdir="/").workdir
-        except (dfile.NeedsDocker, dfile.DockerfileError):
-            words = [line.split(None, 1) for line in
-                     task.environment.dockerfile.read_text().splitlines()]
-            workdirs = [w[1].strip() for w in words if len(w) == 2 and w[0].upper() == "WORKDIR"]
-            return workdirs[-1] if workdirs else "/app"
+            return dfile.final_workdir(task.environment.dockerfile) or task.environment.workdir
+        except (dfile.DockerfileError, OSError, UnicodeDecodeError) as exc:
+            raise TaskEnvironmentError(f"cannot read {task.environment.dockerfile}: {exc}") from None
     return task.environment.workdir
 
 
@@ -128,7 +125,7 @@ def prepare(task: Task, sandbox, backend: str = "local") -> None:
     dockerfile layout: on local, carry out the Dockerfile's steps; on docker the image has them.
     """
     env = task.environment
-    workdir = sandbox_config(task, "local").workdir if backend == "local" else _docker_workdir(task)
+    workdir = sandbox.config.workdir
     if env.kind == "setup":
         if env.files_dir is not None:
             _copy_tree(sandbox, env.files_dir, workdir)
