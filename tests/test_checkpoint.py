@@ -240,6 +240,11 @@ def test_incomplete_save_is_invisible_and_cleaned_up(tmp_path):
     partial = checkpoints / "3.orbax-checkpoint-tmp"
     shutil.copytree(checkpoints / "2", partial)
     shutil.rmtree(partial / "critic_params")
+    with ckpt.StageStore(tmp_path, "s", read_only=True) as reader:   # a reader deletes nothing
+        assert reader.latest_step() == 2
+        with pytest.raises(ckpt.CheckpointError, match="read-only"):
+            reader.save(state)
+    assert partial.exists()
     with ckpt.StageStore(tmp_path, "s") as store:
         assert store.latest_step() == 2
         restored = store.restore(abstract_state(state))

@@ -11,7 +11,7 @@ A run directory holds one folder per stage (`base`, `rsr-1`, `warmup`, `rpr-1`, 
 
 Orbax writes each step into `<step>.orbax-checkpoint-tmp` and renames it when complete, so a process
 killed at any moment (SIGKILL included, also in the middle of a save) leaves either a complete step
-or a temporary folder that the next `StageStore` deletes; `latest_step()` only sees complete steps.
+or a temporary folder that the next writable `StageStore` of the stage deletes; `latest_step()` only sees complete steps.
 
 **Handoff** (`start_stage`): a new stage is built from the actor of one stage and the critic of
 another (or a fresh critic, or none); each optimizer state is restored from its parent or
@@ -32,6 +32,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 from typing import Any
 
 import grain
@@ -47,6 +48,7 @@ PyTree = Any
 FRESH = "fresh"  # `critic_from=FRESH`: the new stage gets freshly initialised critic parameters.
 _STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _FORMAT = 1
+_INCOMPLETE = ".orbax-checkpoint-tmp"  # Orbax's suffix for a step folder not yet renamed in place
 
 
 class CheckpointError(RuntimeError):
@@ -111,10 +113,14 @@ class StageStore:
     save_every:  `save(state)` writes when `state.step % save_every == 0` (or when forced).
     max_to_keep: keep only the newest complete checkpoints (None: keep all).
     async_save:  write arrays in a background thread; `wait()`/`close()` block until done.
+    read_only:   only read (a parent stage in a handoff): never deletes or writes anything.
+
+    A writable store deletes the leftovers of saves that never completed when it opens (one
+    process per stage writes; a reader must open with `read_only=True`).
     """
 
     def __init__(self, run_dir, stage: str, *, save_every: int = 1, max_to_keep: int | None = None,
-                 async_save: bool = True):
+                 async_save: bool = True, read_only: bool = False):
         if not _STAGE_NAME.match(stage or ""):
             raise ValueError(f"stage name {stage!r} must match {_STAGE_NAME.pattern}")
         if save_every < 1:
@@ -125,15 +131,29 @@ class StageStore:
         self.checkpoint_dir = self.stage_dir / "checkpoints"
         self.manifest_path = self.stage_dir / "stage.json"
         self.save_every = save_every
+        self.read_only = read_only
+        if read_only and not self.checkpoint_dir.is_dir():
+            raise CheckpointError(f"stage {stage!r} has no checkpoints ({self.checkpoint_dir} "
+                                  "does not exist)")
+        if not read_only:
+            self._remove_incomplete_saves()
         self._manager = ocp.CheckpointManager(
             self.checkpoint_dir.absolute(),
             options=ocp.CheckpointManagerOptions(
                 max_to_keep=max_to_keep,
-                create=True,
-                cleanup_tmp_directories=True,  # leftovers of a save killed half-way
+                create=not read_only,
+                read_only=read_only,
                 enable_async_checkpointing=async_save,
             ),
         )
+
+    def _remove_incomplete_saves(self) -> None:
+        """Deletes step folders a killed process left half-written (before Orbax lists steps)."""
+        if jax.process_index() != 0 or not self.checkpoint_dir.is_dir():
+            return
+        for path in self.checkpoint_dir.iterdir():
+            if _INCOMPLETE in path.name and path.is_dir():
+                shutil.rmtree(path)
 
     # -- manifest ---------------------------------------------------------------------------------
 
@@ -173,6 +193,8 @@ class StageStore:
                         f"{field}={existing.get(field)!r}, not {manifest[field]!r}; use a new stage "
                         "name or delete the folder")
             return existing
+        if self.read_only:
+            raise CheckpointError(f"stage {self.stage!r} was opened read-only; cannot create it")
         self.stage_dir.mkdir(parents=True, exist_ok=True)
         _write_json_atomically(self.manifest_path, manifest)
         return manifest
@@ -188,6 +210,8 @@ class StageStore:
 
     def save(self, state: TrainState, data_iter=None, *, force: bool = False) -> bool:
         """Saves `state` (and the grain iterator's position) if its step is due; True if it did."""
+        if self.read_only:
+            raise CheckpointError(f"stage {self.stage!r} was opened read-only; cannot save")
         step = int(jax.device_get(state.step))
         if not force and step % self.save_every:
             return False
@@ -256,9 +280,9 @@ class StageStore:
 
     def finish(self, state: TrainState) -> dict:
         """Saves the final state, checks a frozen critic is unchanged, records the final hashes."""
+        self._check_critic_unchanged(state, "finish")
         self.save(state, force=True)
         self.wait()
-        self._check_critic_unchanged(state, "finish")
         manifest = self.manifest
         if manifest is None:
             raise CheckpointError(f"{self.manifest_path} is missing: call create() before finish()")
@@ -366,7 +390,7 @@ def start_stage(
 
     actor_params = actor_opt_state = None
     if actor_from is not None:
-        parent = StageStore(run_dir, actor_from.stage, async_save=False)
+        parent = StageStore(run_dir, actor_from.stage, read_only=True)
         step = parent._resolve_step(actor_from.step)  # pylint: disable=protected-access
         actor_params = parent.restore_item("actor_params", target.actor_params, step)
         parents["actor"] = _parent_record(parent, step, "actor_params")
@@ -382,7 +406,7 @@ def start_stage(
 
     critic_params = critic_opt_state = None
     if isinstance(critic_from, StageRef):
-        parent = StageStore(run_dir, critic_from.stage, async_save=False)
+        parent = StageStore(run_dir, critic_from.stage, read_only=True)
         step = parent._resolve_step(critic_from.step)  # pylint: disable=protected-access
         critic_params = parent.restore_item("critic_params", target.critic_params, step)
         parents["critic"] = _parent_record(parent, step, "critic_params")
