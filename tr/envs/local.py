@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import atexit
 import os
-import resource
 import secrets
+import shlex
 import shutil
 import subprocess
 import threading
@@ -193,31 +193,29 @@ class LocalSandbox:
         env.update(extra or {})
         return env
 
-    def _preexec(self, cgroup_child: str | None):
+    def _launcher(self, cgroup_child: str | None) -> list[str]:
+        """``sh -c`` prefix that joins the sandbox cgroups and sets the rlimits, then execs
+        bwrap.  (A shell instead of ``preexec_fn`` lets Python spawn with vfork: forking a
+        process holding a model's gigabytes costs tens of milliseconds.)"""
         cfg = self.config
         files = self.tree.join_files(cgroup_child) if self.tree is not None else []
-        mb = 1024 * 1024
-
-        def fn():
-            for f in files:
-                with open(f, "w") as fh:
-                    fh.write(str(os.getpid()))
-            resource.setrlimit(resource.RLIMIT_FSIZE, (cfg.file_size_mb * mb,) * 2)
-            resource.setrlimit(resource.RLIMIT_CPU, (cfg.cpu_time_s, cfg.cpu_time_s))
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-            if not files:
-                resource.setrlimit(resource.RLIMIT_AS, (cfg.memory_mb * mb,) * 2)
-                resource.setrlimit(resource.RLIMIT_NPROC, (cfg.pids, cfg.pids))
-        return fn
+        kb = 1024
+        script = "".join(f"echo $$ > {shlex.quote(f)} || exit 125; " for f in files)
+        # dash's ulimit: -f in 512-byte blocks, -v in KiB, -t seconds.
+        script += (f"ulimit -f {cfg.file_size_mb * 2 * kb} && ulimit -t {cfg.cpu_time_s} && "
+                   "ulimit -c 0 || exit 125; ")
+        if not files:
+            script += (f"ulimit -v {cfg.memory_mb * kb} && ulimit -p {cfg.pids} 2>/dev/null; ")
+        return ["/bin/sh", "-c", script + 'exec "$@"', "tr-launch"]
 
     def _spawn_shell(self) -> ShellProcess:
         stdin_r, stdin_w = os.pipe()
         out_r, out_w = os.pipe()
         try:
             proc = subprocess.Popen(
-                self._bwrap_args() + ["/bin/bash", "--noprofile", "--norc"],
-                stdin=stdin_r, stdout=out_w, stderr=out_w, env=self._env(),
-                preexec_fn=self._preexec("base"), close_fds=True)
+                self._launcher("base") + self._bwrap_args()
+                + ["/bin/bash", "--noprofile", "--norc"],
+                stdin=stdin_r, stdout=out_w, stderr=out_w, env=self._env(), close_fds=True)
         finally:
             os.close(stdin_r)
             os.close(out_w)
@@ -264,10 +262,10 @@ class LocalSandbox:
         t0 = time.monotonic()
         try:
             proc = subprocess.Popen(
-                self._bwrap_args(extra_ro_binds, etc_binds)
+                self._launcher(child if self.tree is not None else None)
+                + self._bwrap_args(extra_ro_binds, etc_binds)
                 + ["/bin/bash", "--noprofile", "--norc", "-c", command],
                 stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w, env=base_env,
-                preexec_fn=self._preexec(child if self.tree is not None else None),
                 close_fds=True)
         finally:
             os.close(out_w)
