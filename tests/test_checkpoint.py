@@ -1,6 +1,7 @@
 """The stage store: bitwise round trips, restore onto another mesh, handoff of actor and critic
 between stages, the RSR critic guard, incomplete saves, and clear errors."""
 
+import functools
 import json
 import shutil
 
@@ -28,11 +29,19 @@ def tiny_config():
                             d_ff=64, vocab_size=64)
 
 
+@functools.lru_cache(maxsize=None)
 def model_params(seed):
     actor = Decoder(tiny_config(), rngs=nnx.Rngs(seed))
     critic = CriticModel(tiny_config(), rngs=nnx.Rngs(seed + 100))
     fns = steps_lib.nnx_model_fns(actor, critic)
     return actor, critic, fns.actor_params, fns.critic_params
+
+
+@jax.jit
+def _one_update(params, opt_state, seed):
+    grads = jax.tree.map(lambda p: jnp.sin(p * 3.0 + seed), params)
+    updates, opt_state = OPT.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
 
 
 def trained_state(seed, *, with_critic=True, step=5):
@@ -41,14 +50,8 @@ def trained_state(seed, *, with_critic=True, step=5):
     state = create_train_state(actor_params=actor_params, actor_optimizer=OPT,
                                critic_params=critic_params if with_critic else None,
                                critic_optimizer=OPT if with_critic else None, seed=seed)
-
-    def moved(params, opt_state):
-        grads = jax.tree.map(lambda p: jnp.sin(p * 3.0 + seed), params)
-        updates, opt_state = OPT.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
-
-    actor_params, actor_opt = moved(state.actor_params, state.actor_opt_state)
-    critic_params, critic_opt = (moved(state.critic_params, state.critic_opt_state)
+    actor_params, actor_opt = _one_update(state.actor_params, state.actor_opt_state, seed)
+    critic_params, critic_opt = (_one_update(state.critic_params, state.critic_opt_state, seed)
                                  if with_critic else (None, None))
     return state.replace(step=jnp.asarray(step, jnp.int32), actor_params=actor_params,
                          actor_opt_state=actor_opt, critic_params=critic_params,
