@@ -1,0 +1,3 @@
+#!/usr/bin/env bash
+
+chmod 755 /app/site/bin/*
