@@ -502,3 +502,20 @@ def test_two_hundred_docker_episodes_leave_nothing(docker_problem):
 def test_result_type_is_the_contract(sb):
     r = sb.run("true")
     assert isinstance(r, CommandResult) and r.exit_code == 0 and r.duration_s >= 0
+
+
+def test_without_cgroups_timeouts_still_kill_the_tree(monkeypatch):
+    """Hosts where cgroups are not writable: the /proc-scan tracker and rlimits take over."""
+    from tr.envs import cgroups
+    monkeypatch.setattr(cgroups, "_V1_OK", False)
+    keep, fg = unique_sleep(), unique_sleep()
+    with make_sandbox("local", SandboxConfig(**SMALL)) as box:
+        assert box.tree is None
+        box.run(f"X=1; sleep {keep} &")
+        r = box.run(f"sleep {fg} & sleep {fg}", timeout_s=1)
+        assert r.timed_out
+        assert wait_until(lambda: not host_pids_with(fg))
+        assert host_pids_with(keep)
+        assert box.run("echo $X; ulimit -v").output == f"1\n{512 * 1024}\n"
+    assert wait_until(lambda: not host_pids_with(keep))
+    assert leftovers(os.getpid()) == NOTHING

@@ -164,7 +164,7 @@ class LocalSandbox:
 
     def _bwrap_args(self, extra_ro_binds=(), etc_binds=()) -> list[str]:
         ws, cfg = self.ws, self.config
-        args = [BWRAP, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+        args = ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
                 "--hostname", "tr-sandbox"]
         if cfg.network:
             args.append("--share-net")
@@ -184,6 +184,21 @@ class LocalSandbox:
             args += ["--ro-bind", str(src), str(dst)]
         args += ["--remount-ro", "/", "--chdir", cfg.workdir]
         return args
+
+    def _popen_bwrap(self, cgroup_child: str | None, options: list[str], command: list[str],
+                     **kwargs) -> subprocess.Popen:
+        """Start bwrap with ``options`` passed through a pipe (``--args``), so the sandbox's
+        /proc/1/cmdline does not show the host folders behind its mounts."""
+        r, w = os.pipe()
+        try:
+            os.write(w, b"".join(o.encode() + b"\0" for o in options))
+        finally:
+            os.close(w)
+        try:
+            return subprocess.Popen(self._launcher(cgroup_child) + [BWRAP, "--args", str(r)]
+                                    + command, pass_fds=(r,), close_fds=True, **kwargs)
+        finally:
+            os.close(r)
 
     def _env(self, extra: dict | None = None) -> dict:
         env = {"PATH": SANDBOX_PATH, "HOME": "/root", "USER": "root", "LOGNAME": "root",
@@ -212,10 +227,9 @@ class LocalSandbox:
         stdin_r, stdin_w = os.pipe()
         out_r, out_w = os.pipe()
         try:
-            proc = subprocess.Popen(
-                self._launcher("base") + self._bwrap_args()
-                + ["/bin/bash", "--noprofile", "--norc"],
-                stdin=stdin_r, stdout=out_w, stderr=out_w, env=self._env(), close_fds=True)
+            proc = self._popen_bwrap("base", self._bwrap_args(),
+                                     ["/bin/bash", "--noprofile", "--norc"],
+                                     stdin=stdin_r, stdout=out_w, stderr=out_w, env=self._env())
         finally:
             os.close(stdin_r)
             os.close(out_w)
@@ -261,12 +275,11 @@ class LocalSandbox:
         out_r, out_w = os.pipe()
         t0 = time.monotonic()
         try:
-            proc = subprocess.Popen(
-                self._launcher(child if self.tree is not None else None)
-                + self._bwrap_args(extra_ro_binds, etc_binds)
-                + ["/bin/bash", "--noprofile", "--norc", "-c", command],
-                stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w, env=base_env,
-                close_fds=True)
+            proc = self._popen_bwrap(child if self.tree is not None else None,
+                                     self._bwrap_args(extra_ro_binds, etc_binds),
+                                     ["/bin/bash", "--noprofile", "--norc", "-c", command],
+                                     stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w,
+                                     env=base_env)
         finally:
             os.close(out_w)
         io = PipeIO(-1, out_r)
