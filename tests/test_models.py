@@ -260,3 +260,29 @@ def test_critic_from_actor_copies_the_backbone(model):
     h_critic = hidden_of(critic.backbone, _tokens(15, 1, 6))
     np.testing.assert_array_equal(np.asarray(h_actor), np.asarray(h_critic))
     assert critic.backbone.lm_head is None
+
+
+def test_remat_gives_the_same_gradients(model):
+    remat_model = Decoder(get_model_config("tiny", **{**{f: getattr(CFG, f) for f in (
+        "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff")}, "remat": True}), rngs=nnx.Rngs(0))
+    tokens = _tokens(16, 2, 12)
+
+    def grads(m):
+        graphdef, params = nnx.split(m)
+        loss = lambda p: logprobs_of(nnx.merge(graphdef, p), tokens, chunk_size=4)[0].sum()  # noqa: E731
+        return jax.jit(jax.grad(loss))(params)
+
+    for a, b in zip(jax.tree.leaves(grads(model)), jax.tree.leaves(grads(remat_model))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
+
+
+def test_bfloat16_model_tracks_float32(model):
+    bf16 = Decoder(get_model_config("tiny", **{**{f: getattr(CFG, f) for f in (
+        "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff")}, "dtype": "bfloat16",
+        "param_dtype": "bfloat16"}), rngs=nnx.Rngs(0))
+    tokens = _tokens(17, 2, 16)
+    lp16, _ = logprobs_of(bf16, tokens, chunk_size=8)
+    lp32, _ = logprobs_of(model, tokens, chunk_size=8)
+    assert lp16.dtype == jnp.float32
+    assert bf16.embed_tokens.get_value().dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(lp16), np.asarray(lp32), atol=0.1)  # same init, bf16 rounding only

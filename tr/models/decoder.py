@@ -138,6 +138,8 @@ class Attention(nnx.Module):
             zero = jnp.zeros((), jnp.int32)
             cache_k = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype), (zero, end, zero, zero))
             cache_v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), (zero, end, zero, zero))
+            cache_axes = ("cache_batch", "cache_length", "cache_kv_heads", "activation_head_dim")
+            cache_k, cache_v = constrain(cache_k, cache_axes), constrain(cache_v, cache_axes)
             new_kv = (cache_k, cache_v)
             k, v = cache_k, cache_v
         kv_axes = ("activation_batch", "activation_kv_length", "activation_kv_heads", "activation_head_dim")
