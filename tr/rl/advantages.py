@@ -1,0 +1,291 @@
+"""Advantage estimators: token GAE, turn-boundary GAE (TB-GAE), GRPO, explained variance (SPEC §3).
+
+Layout: ``[B, L]`` arrays of one packed batch (SPEC §2). A *node* is a position the recursion runs
+over (``node_mask`` for token GAE, ``actor_mask`` for TB-GAE). For a node ``j`` and the next node
+``k`` (the first node to its right, possibly in the next partition, given by ``carry``):
+
+    δ_j = r_j + Γ_j (1 − d_j) v_k − v_j
+    A_j = δ_j + Γ_j Λ_j (1 − d_j) A_k
+
+Token GAE uses ``(Γ_j, Λ_j) = (γ, λ)`` at every node. TB-GAE uses ``(1, 1)`` inside a turn
+(``turn_ids[j] == turn_ids[k]``) and ``(γ_turn, λ_turn)`` across a turn boundary, so credit decays
+per *decision* (turn), not per token. Positions that are not nodes (observation tokens, padding)
+pass the recursion through unchanged and get zero advantage and return; they still matter through
+the critic, whose pre-token value ``v_k`` sees the whole history. ``d_j`` (``dones``) is read at nodes
+only: it is true on the last action token of an episode, so several episodes may be packed in a row.
+
+Implementation (``method``):
+
+* ``"scan"`` (default): one reverse ``jax.lax.scan`` over the positions with the batch as the
+  vector dimension; the scan state is the ``Carry`` of the next node ``(v_k, A_k, turn_k)``, which
+  non-node positions pass through unchanged. It performs the recursion exactly as written, so a
+  sweep over partitions is bitwise equal to the unsplit scan.
+* ``"associative"``: log depth, for long contexts on accelerators. One
+  ``jax.lax.associative_scan`` finds each position's next node (value and turn), the coefficients
+  ``c_j = Γ_jΛ_j(1−d_j)`` and ``δ_j`` are then computed for all positions at once, and a second
+  ``associative_scan`` composes the affine maps ``x ↦ δ_j + c_j x`` (non-nodes: identity). Equal
+  to ``"scan"`` up to float rounding.
+
+Partitions: ``carry`` holds ``(value, advantage, turn_id)`` of the first node of the partition to
+the right; the output carry holds the same for this partition's first node (or passes the input
+carry through when the partition has no node). Sweeping partitions right to left reproduces the
+unsplit result exactly. ``carry=None`` means nothing follows (``v = A = 0``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+__all__ = [
+    "Carry",
+    "GaeOutput",
+    "explained_variance",
+    "grpo_advantages",
+    "tb_gae",
+    "token_gae",
+]
+
+Method = Literal["scan", "associative"]
+
+
+class Carry(NamedTuple):
+    """Value, advantage and turn of the first node of a partition, for the partition to its left.
+
+    ``turn_id`` is ``-1`` where unknown (token GAE, or nothing follows).
+    """
+
+    value: Float[Array, " b"]
+    advantage: Float[Array, " b"]
+    turn_id: Int[Array, " b"]
+
+
+class GaeOutput(NamedTuple):
+    """Advantages and returns (``A + v``) at the nodes, zero elsewhere, and the carry-out."""
+
+    advantages: Float[Array, "b l"]
+    returns: Float[Array, "b l"]
+    carry: Carry
+
+
+def _check_inputs(name: str, rewards, values, node_mask, dones, turn_ids=None) -> None:
+    """Raises ValueError naming the argument with a wrong rank, shape or dtype."""
+    arrays = {"rewards": rewards, "values": values, "dones": dones}
+    arrays[("actor_mask" if turn_ids is not None else "node_mask")] = node_mask
+    if turn_ids is not None:
+        arrays["turn_ids"] = turn_ids
+    if jnp.ndim(rewards) != 2:
+        raise ValueError(f"{name}: 'rewards' must be [B, L], got shape {jnp.shape(rewards)}")
+    shape = jnp.shape(rewards)
+    for key, value in arrays.items():
+        if jnp.shape(value) != shape:
+            raise ValueError(
+                f"{name}: '{key}' has shape {jnp.shape(value)}, expected {shape} (that of 'rewards')"
+            )
+    for key in ("rewards", "values"):
+        if not jnp.issubdtype(jnp.result_type(arrays[key]), jnp.floating):
+            raise ValueError(
+                f"{name}: '{key}' must be floating point (fractional rewards must not be truncated), "
+                f"got dtype {jnp.result_type(arrays[key])}"
+            )
+    if turn_ids is not None and not jnp.issubdtype(jnp.result_type(turn_ids), jnp.integer):
+        raise ValueError(f"{name}: 'turn_ids' must be integers, got {jnp.result_type(turn_ids)}")
+
+
+def _empty_carry(batch: int) -> Carry:
+    return Carry(
+        value=jnp.zeros((batch,), jnp.float32),
+        advantage=jnp.zeros((batch,), jnp.float32),
+        turn_id=jnp.full((batch,), -1, jnp.int32),
+    )
+
+
+def _as_carry(carry: Carry | None, batch: int, name: str) -> Carry:
+    if carry is None:
+        return _empty_carry(batch)
+    for field, value in zip(Carry._fields, carry):
+        if jnp.shape(value) != (batch,):
+            raise ValueError(f"{name}: 'carry.{field}' has shape {jnp.shape(value)}, expected ({batch},)")
+    return Carry(
+        value=jnp.asarray(carry.value, jnp.float32),
+        advantage=jnp.asarray(carry.advantage, jnp.float32),
+        turn_id=jnp.asarray(carry.turn_id, jnp.int32),
+    )
+
+
+def _node_coefficients(u, not_done, value_next, same_turn, gamma, lam):
+    """``(δ, c)`` of a node given its next node, so that ``A = δ + c·A_next`` (``u = r − v``).
+
+    ``δ = r − v + Γ(1−d) v_next`` and ``c = ΓΛ(1−d)``, with ``(Γ, Λ) = (1, 1)`` where ``same_turn``
+    and ``(gamma, lam)`` elsewhere (everywhere when ``same_turn`` is None: token GAE).
+    """
+    if same_turn is not None:
+        gamma = jnp.where(same_turn, 1.0, gamma)
+        lam = jnp.where(same_turn, 1.0, lam)
+    return u + gamma * not_done * value_next, gamma * lam * not_done
+
+
+def _sequential(node_mask, u, values, turn_ids, not_done, carry: Carry, gamma, lam):
+    """One reverse ``lax.scan`` over positions, the batch as the vector: the recursion as written."""
+    with_turns = turn_ids is not None
+
+    def step(state: Carry, position):
+        is_node, u_i, v_i, nd_i = position[:4]
+        same_turn = position[4] == state.turn_id if with_turns else None
+        delta, coef = _node_coefficients(u_i, nd_i, state.value, same_turn, gamma, lam)
+        advantage = jnp.where(is_node, delta + coef * state.advantage, state.advantage)
+        state = Carry(
+            value=jnp.where(is_node, v_i, state.value),
+            advantage=advantage,
+            turn_id=jnp.where(is_node, position[4], state.turn_id) if with_turns else state.turn_id,
+        )
+        return state, advantage
+
+    positions = (node_mask, u, values, not_done) + ((turn_ids,) if with_turns else ())
+    carry_out, chain = jax.lax.scan(step, carry, tuple(a.T for a in positions), reverse=True)
+    return chain.T, carry_out
+
+
+def _associative(node_mask, u, values, turn_ids, not_done, carry: Carry, gamma, lam):
+    """Log depth: an ``associative_scan`` finds each position's next node, then a second one
+    composes the affine maps ``x ↦ δ_i + c_i x`` (the identity at non-nodes)."""
+    with_turns = turn_ids is not None
+    turns = turn_ids if with_turns else jnp.zeros_like(node_mask, jnp.int32)
+
+    def first_node(right, left):
+        (m_r, v_r, t_r), (m_l, v_l, t_l) = right, left
+        return m_l | m_r, jnp.where(m_l, v_l, v_r), jnp.where(m_l, t_l, t_r)
+
+    found, seen_value, seen_turn = jax.lax.associative_scan(
+        first_node, (node_mask, values, turns), reverse=True, axis=1
+    )
+    seen_value = jnp.where(found, seen_value, carry.value[:, None])
+    seen_turn = jnp.where(found, seen_turn, carry.turn_id[:, None])
+    shift = lambda a, end: jnp.concatenate([a[:, 1:], end[:, None]], axis=1)  # noqa: E731
+    same_turn = turns == shift(seen_turn, carry.turn_id) if with_turns else None
+    delta, coef = _node_coefficients(
+        u, not_done, shift(seen_value, carry.value), same_turn, gamma, lam
+    )
+    delta = jnp.where(node_mask, delta, 0.0)
+    coef = jnp.where(node_mask, coef, 1.0)
+
+    def affine(right, left):
+        (c_r, d_r), (c_l, d_l) = right, left
+        return c_l * c_r, d_l + c_l * d_r
+
+    coef, delta = jax.lax.associative_scan(affine, (coef, delta), reverse=True, axis=1)
+    chain = delta + coef * carry.advantage[:, None]
+    turn_out = seen_turn[:, 0] if with_turns else carry.turn_id
+    return chain, Carry(seen_value[:, 0], chain[:, 0], turn_out)
+
+
+def _gae(rewards, values, node_mask, dones, turn_ids, carry: Carry, gamma, lam, method) -> GaeOutput:
+    """Shared core of both estimators; ``turn_ids=None`` is token GAE (see the module docstring)."""
+    rewards = jnp.asarray(rewards, jnp.float32)
+    values = jnp.asarray(values, jnp.float32)
+    node_mask = jnp.asarray(node_mask, bool)
+    not_done = 1.0 - jnp.asarray(dones, bool).astype(jnp.float32)
+    gamma = jnp.asarray(gamma, jnp.float32)
+    lam = jnp.asarray(lam, jnp.float32)
+    args = (node_mask, rewards - values, values, turn_ids, not_done, carry, gamma, lam)
+    if method == "scan":
+        chain, carry_out = _sequential(*args)
+    elif method == "associative":
+        chain, carry_out = _associative(*args)
+    else:
+        raise ValueError(f"method must be 'scan' or 'associative', got {method!r}")
+    advantages = jnp.where(node_mask, chain, 0.0)
+    returns = jnp.where(node_mask, chain + values, 0.0)
+    return GaeOutput(advantages, returns, carry_out)
+
+
+def tb_gae(
+    rewards: Float[Array, "b l"],
+    values: Float[Array, "b l"],
+    actor_mask: Bool[Array, "b l"],
+    turn_ids: Int[Array, "b l"],
+    dones: Bool[Array, "b l"],
+    *,
+    gamma_turn: float | Float[Array, ""],
+    lam_turn: float | Float[Array, ""],
+    carry: Carry | None = None,
+    method: Method = "scan",
+) -> GaeOutput:
+    """Turn-boundary GAE over the action tokens (``actor_mask``).
+
+    For action token ``j`` and the next action token ``k``:
+    ``(Γ_j, Λ_j) = (1, 1)`` if ``turn_ids[j] == turn_ids[k]`` else ``(γ_turn, λ_turn)``;
+    ``δ_j = r_j + Γ_j(1−d_j) v_k − v_j``, ``A_j = δ_j + Γ_jΛ_j(1−d_j) A_k``, returns ``A_j + v_j``.
+
+    Credit crossing ``B`` turn boundaries decays by exactly ``(γ_turn λ_turn)^B`` whatever the
+    number of observation tokens and of action tokens per turn. Observation tokens pass the carry.
+    ``carry``: ``Carry`` of the next partition's first action token (``None``: nothing follows).
+    """
+    _check_inputs("tb_gae", rewards, values, actor_mask, dones, turn_ids)
+    batch = jnp.shape(rewards)[0]
+    carry = _as_carry(carry, batch, "tb_gae")
+    turn_ids = jnp.asarray(turn_ids, jnp.int32)
+    return _gae(rewards, values, actor_mask, dones, turn_ids, carry, gamma_turn, lam_turn, method)
+
+
+def token_gae(
+    rewards: Float[Array, "b l"],
+    values: Float[Array, "b l"],
+    node_mask: Bool[Array, "b l"],
+    dones: Bool[Array, "b l"],
+    *,
+    gamma: float | Float[Array, ""],
+    lam: float | Float[Array, ""],
+    carry: Carry | None = None,
+    method: Method = "scan",
+) -> GaeOutput:
+    """Token-level GAE along the chain of nodes ``node_mask`` (the baseline).
+
+    For consecutive nodes ``j < k``: ``δ_j = r_j + γ(1−d_j) v_k − v_j``,
+    ``A_j = δ_j + γλ(1−d_j) A_k``, returns ``A_j + v_j``. Pass all non-pad positions for standard
+    GAE along the interleaved chain, or ``actor_mask`` for GAE over action tokens only.
+    ``carry.turn_id`` is ignored; the output carry has ``turn_id = -1``.
+    """
+    _check_inputs("token_gae", rewards, values, node_mask, dones)
+    batch = jnp.shape(rewards)[0]
+    carry = _as_carry(carry, batch, "token_gae")._replace(turn_id=jnp.full((batch,), -1, jnp.int32))
+    return _gae(rewards, values, node_mask, dones, None, carry, gamma, lam, method)
+
+
+def grpo_advantages(rewards: Float[Array, "g n"], eps: float = 1e-6) -> Float[Array, "g n"]:
+    """Group-normalised advantages ``Â_i = (R_i − mean(R)) / (std(R) + eps)`` per group (row).
+
+    ``std`` is the population standard deviation (ddof 0). Broadcast the result to every action
+    token of rollout ``i`` (``adv[:, None] * actor_mask``).
+    """
+    chex.assert_rank(rewards, 2)
+    if not jnp.issubdtype(jnp.result_type(rewards), jnp.floating):
+        raise ValueError(f"grpo_advantages: 'rewards' must be floating point, got {jnp.result_type(rewards)}")
+    rewards = jnp.asarray(rewards, jnp.float32)
+    mean = jnp.mean(rewards, axis=1, keepdims=True)
+    std = jnp.std(rewards, axis=1, keepdims=True)
+    return (rewards - mean) / (std + eps)
+
+
+def explained_variance(
+    returns: Float[Array, "..."], values: Float[Array, "..."], mask: Bool[Array, "..."]
+) -> Float[Array, ""]:
+    """``EV = 1 − Var(G − V) / Var(G)`` over the masked positions (population variances).
+
+    1 is a perfect critic, 0 a constant baseline, negative worse than a constant. NaN when fewer
+    than one masked position or ``Var(G) = 0``.
+    """
+    chex.assert_equal_shape([returns, values, mask])
+    mask = jnp.asarray(mask, bool)
+    count = jnp.sum(mask).astype(jnp.float32)
+
+    def masked_var(x):
+        x = jnp.asarray(x, jnp.float32)
+        mean = jnp.sum(jnp.where(mask, x, 0.0)) / count
+        return jnp.sum(jnp.where(mask, jnp.square(x - mean), 0.0)) / count
+
+    return 1.0 - masked_var(returns - values) / masked_var(returns)
