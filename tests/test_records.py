@@ -106,7 +106,7 @@ def test_transcript_equals_the_models_chat_layout():
     tr = Transcript(lay)
     tr.start("the system", "the task")
     for t, (a, o) in enumerate(zip(actions, observations), start=1):
-        tr.prompt_ids(t)
+        tr.prompt_ids()
         tr.add_generation(Generation(text=tok.decode(a), tokens=a, logprobs=[0.0] * len(a)), turn=t)
         if o is not None:
             tr.add_user(o, turn=t)

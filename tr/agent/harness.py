@@ -141,11 +141,6 @@ def command_observation(output: str, exit_code: int | None, timed_out: bool, tim
     return f"{head}\n{output if output.strip() else '(no output)'}"
 
 
-def observation_text(turn: TurnRecord) -> str | None:
-    """The observation a turn produced (None for DONE and summaries)."""
-    return turn.observation if turn.kind in ("command", "format_error") else None
-
-
 # ----------------------------------------------------------------------------------------------
 # Budgets, requests, environment hooks.
 
@@ -374,7 +369,7 @@ def run_episode(
 
 
 def _generate(spec, tr: Transcript, generate, budgets: Budgets, turn: int, purpose: str):
-    prompt = tr.prompt_ids(turn)
+    prompt = tr.prompt_ids()
     req = GenerationRequest(messages=tuple(tr.messages), prompt_tokens=tuple(prompt),
                             max_tokens=budgets.max_output_tokens, task_id=spec.task.id,
                             episode_id=spec.episode_id, seed=spec.seed, turn=turn, purpose=purpose)

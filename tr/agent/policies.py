@@ -7,7 +7,7 @@ A :class:`Policy` answers a batch of :class:`~tr.agent.harness.GenerationRequest
   turn; an external layout's whole script is one turn), optionally with seeded injected mistakes.
   The embedded default teacher, and a fast way to drive the engine.  Stateless: the next block is
   read off the conversation, so it also works behind an HTTP server.
-* :class:`ModelPolicy` — the JAX sampler (token-in/token-out), in ``tr/agent/model_policy.py``.
+* :class:`ModelPolicy` — the JAX sampler (token-in/token-out); :func:`load_model_policy`.
 * :class:`~tr.agent.http_policy.HttpPolicy` — any OpenAI-compatible chat endpoint.
 
 :class:`RequestBatcher` turns blocking per-episode calls from many threads into batched policy calls.
@@ -262,7 +262,8 @@ class ModelPolicy:
 
     def budgets(self, max_output_tokens: int = 256, **kw):
         """Harness budgets that fit the sampler's shape buckets: the prompt bucket (a power of two)
-        plus the new-token bucket must stay within ``max_seq_len``; summarise at 3/4 of the prompt."""
+        plus the new-token bucket must stay within ``max_seq_len``.  Summarise early enough that one
+        more turn, the summary request and the summary itself still fit the prompt bucket."""
         from tr.agent.harness import Budgets
 
         new_bucket = 1 << max(max_output_tokens - 1, 1).bit_length()
@@ -270,7 +271,7 @@ class ModelPolicy:
         if prompt < 64:
             raise ValueError(f"max_output_tokens={max_output_tokens} leaves no room for a prompt in "
                              f"max_seq_len={self.max_seq_len}")
-        kw.setdefault("summarise_at_tokens", prompt * 3 // 4)
+        kw.setdefault("summarise_at_tokens", max(prompt // 2, prompt - 2 * max_output_tokens - 256))
         return Budgets(max_output_tokens=max_output_tokens,
                        max_context_tokens=prompt + max_output_tokens, **kw)
 

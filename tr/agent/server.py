@@ -79,7 +79,7 @@ class ChatServer:
         if not isinstance(seed, int):
             raise ValueError(f"field 'seed': expected an integer, got {seed!r}")
         tr = transcript_from_messages(self.layout, messages)
-        prompt = tr.prompt_ids(0)
+        prompt = tr.prompt_ids()
         req = GenerationRequest(messages=tuple(tr.messages), prompt_tokens=tuple(prompt),
                                 max_tokens=max_tokens, task_id=str(meta.get("task_id", "")),
                                 episode_id=str(meta.get("episode_id", "")), seed=seed,
@@ -153,8 +153,7 @@ def _handler(server: ChatServer):
     return Handler
 
 
-def build_policy(kind: str, *, suite: str | None, mistake_prob: float, model: str, seed: int,
-                 checkpoint: str | None = None):
+def build_policy(kind: str, *, suite: str | None, mistake_prob: float, model: str, seed: int):
     """(policy, layout) for the CLI: the scripted teacher over a suite, or the JAX model policy."""
     if kind == "scripted":
         from tr.envs.tasks import load_suite
@@ -164,9 +163,9 @@ def build_policy(kind: str, *, suite: str | None, mistake_prob: float, model: st
         return (ScriptedPolicy(load_suite(suite), mistake_prob=mistake_prob, seed=seed),
                 ChatLayout(ByteTokenizer()))
     if kind == "model":
-        from tr.agent.model_policy import load_model_policy
+        from tr.agent.policies import load_model_policy
 
-        policy = load_model_policy(model, checkpoint=checkpoint, seed=seed)
+        policy = load_model_policy(model, seed=seed)
         return policy, policy.layout
     raise ValueError(f"--policy={kind!r}: expected 'scripted' or 'model'")
 
@@ -176,15 +175,14 @@ def main(argv=None) -> int:
     p.add_argument("--policy", choices=("scripted", "model"), default="scripted")
     p.add_argument("--suite", default=None, help="task suite for the scripted policy (default: built-in)")
     p.add_argument("--mistake-prob", type=float, default=0.0)
-    p.add_argument("--model", default="tiny", help="model config name for --policy model")
-    p.add_argument("--checkpoint", default=None, help="actor checkpoint dir for --policy model")
+    p.add_argument("--model", default="tiny", help="model size for --policy model (fresh weights)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-output-tokens", type=int, default=1024)
     args = p.parse_args(argv)
     policy, layout = build_policy(args.policy, suite=args.suite, mistake_prob=args.mistake_prob,
-                                  model=args.model, seed=args.seed, checkpoint=args.checkpoint)
+                                  model=args.model, seed=args.seed)
     server = ChatServer(policy, layout, host=args.host, port=args.port,
                         max_output_tokens=args.max_output_tokens)
     print(f"serving {policy.name} at {server.url}", file=sys.stderr, flush=True)

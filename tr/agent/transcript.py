@@ -106,7 +106,7 @@ class Transcript:
         self._last_closed = True
         self._awaiting_action = False
 
-    def prompt_ids(self, turn_of_context: int) -> list[int]:
+    def prompt_ids(self) -> list[int]:
         """The exact token context for the next generation (header appended once)."""
         if not self._awaiting_action:
             last = self.segments[-1]
@@ -119,7 +119,7 @@ class Transcript:
     def add_generation(self, gen: Generation, turn: int, kind: str = "action") -> list[int]:
         """Records a reply; returns the ids stored (sampled ids as they are, else encoded text)."""
         if not self._awaiting_action:
-            self.prompt_ids(turn)
+            self.prompt_ids()
         if gen.tokens is not None:
             ids = [int(t) for t in gen.tokens]
             lps = None if gen.logprobs is None else [float(x) for x in gen.logprobs]
