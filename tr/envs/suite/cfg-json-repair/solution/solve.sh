@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 
-cat /app/config/service.json; python3 /app/config/validate.py
+cat /app/config/service.json; python3 /app/config/validate.py; echo "validate exit status $?"
 
 cat > /app/config/service.json <<'EOF'
 {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 
-cd /tmp && PYTHONPATH=/app python3 -c 'import textkit'
+cd /tmp && PYTHONPATH=/app python3 -c 'import textkit'; echo "import exit status $?"
 
 printf 'from .normalize import clean\nfrom .stats import word_count\n\n__all__ = ["clean", "word_count"]\n' > /app/textkit/__init__.py && sed -i 's/^from textkit import clean$/from .normalize import clean/' /app/textkit/stats.py
 

@@ -13,7 +13,7 @@ SVC = "/app/svc/svc.sh"
 def alive(pid):
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
+    except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
 
@@ -21,7 +21,7 @@ def alive(pid):
 def is_worker(pid):
     try:
         return alive(pid) and "/app/svc/worker.py" in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except FileNotFoundError:
+    except OSError:
         return False
 
 
@@ -46,8 +46,11 @@ class Service:
         out = []
         for p in Path("/proc").iterdir():
             if p.name.isdigit() and is_worker(int(p.name)):
-                env = (p / "environ").read_bytes()
-                if f"SVC_RUN_DIR={self.run_dir}".encode() in env:
+                try:
+                    env = (p / "environ").read_bytes()
+                except OSError:
+                    continue
+                if f"SVC_RUN_DIR={self.run_dir}\0".encode() in env + b"\0":
                     out.append(int(p.name))
         return sorted(out)
 
@@ -142,3 +145,6 @@ def test_final_gate(svc):
     assert svc("stop").stdout.strip() == "not running"
     assert svc("status").returncode == 3
     assert (svc.run_dir / "worker.log").read_text().count("stopped cleanly") == 2
+    (svc.run_dir / "worker.pid").write_text(f"{os.getpid()}\n")
+    assert svc("status").returncode == 3
+    assert svc("stop").stdout.strip() == "not running" and not (svc.run_dir / "worker.pid").exists()
