@@ -184,3 +184,21 @@ def test_bad_engine_arguments_are_named(tasks, layout):
     with pytest.raises(ValueError, match="no pre-verifier snapshot"):
         from tr.agent.records import EpisodeRecord
         recovery_specs(tasks[0], EpisodeRecord(episode_id="p", task_id=spec.task.id), 2)
+
+
+def test_the_same_engine_runs_on_docker(tasks, layout):
+    """Backend-agnostic: one scripted episode in a real Docker container, pre-verifier snapshot
+    included (a committed image), then a recovery rollout restored from it."""
+    from tr.envs.tasks import load_suite
+
+    task = next(t for t in load_suite() if t.id == "data-csv-to-json")  # python3 only: any image
+    cfg = RolloutConfig(backend="docker", concurrency=1, progress=False, snapshot_before_verify=True)
+    (rec,) = run_rollouts(group_specs([task], 1), ScriptedPolicy([task]), layout, cfg).records
+    try:
+        assert rec.status is EpisodeStatus.VERIFIED_PASS, rec.error
+        assert rec.snapshot_ref["backend"] == "docker" and rec.snapshot_ref["image"]
+        (again,) = run_rollouts(recovery_specs(task, rec, 1), ScriptedPolicy([task]), layout,
+                                RolloutConfig(backend="docker", concurrency=1, progress=False)).records
+        assert again.kind == "recovery" and again.status.counts, again.error
+    finally:
+        discard_snapshot_ref(rec.snapshot_ref)

@@ -93,18 +93,20 @@ def _pct(x: float | None) -> str:
 
 
 def format_table(results: Mapping[str, dict]) -> str:
-    """A readable table: one block per policy, rows overall / family / tier."""
+    """A readable table: one block per policy, rows overall / family / tier.  ``tasks`` reads
+    ``scored/all`` when some tasks had only infrastructure failures (excluded)."""
     lines = []
     for name, res in results.items():
         k = res["k"]
         lines.append(f"policy: {name}   (k={k}, episodes={res['episodes']}, "
                      f"infra failures={res['infra_failures']}, format errors={res['format_errors']})")
-        lines.append(f"  {'group':<28} {'tasks':>5}  {f'Mean@{k}':>8}  {'Pass@1':>7}")
+        lines.append(f"  {'group':<28} {'tasks':>7}  {f'Mean@{k}':>8}  {'Pass@1':>7}")
         rows = [("overall", res["overall"])]
         rows += [(f"family {f}", v) for f, v in res["by_family"].items()]
         rows += [(f"tier {t}", v) for t, v in res["by_tier"].items()]
         for label, v in rows:
-            lines.append(f"  {label:<28} {v['tasks']:>5}  {_pct(v[f'mean@{k}']):>8}  {_pct(v['pass@1']):>7}")
+            scored = f"{v['tasks_scored']}/{v['tasks']}" if v["tasks_scored"] != v["tasks"] else str(v["tasks"])
+            lines.append(f"  {label:<28} {scored:>7}  {_pct(v[f'mean@{k}']):>8}  {_pct(v['pass@1']):>7}")
         lines.append(f"  statuses: {res['statuses']}")
         lines.append("")
     return "\n".join(lines)
