@@ -333,7 +333,7 @@ def test_killing_pid_1_changes_nothing(sb):
 
 def manifest(box, roots="/app /root /tmp") -> str:
     """Independent record of a tree: path, type, mode, link target, size and content hash."""
-    r = box.run(f"cd / && find {roots} -mindepth 1 -printf '%p %y %m %l %s\\n' | sort; "
+    r = box.run(f"cd / && find {roots} -mindepth 1 -printf '%p %y %m %l %s %n %T@\\n' | sort; "
                 f"find {roots} -type f -exec md5sum {{}} + | sort", timeout_s=60)
     assert r.exit_code == 0, r.output
     return r.output
@@ -365,6 +365,45 @@ def test_snapshot_change_restore_gives_back_files_modes_and_links(sb):
     assert manifest(sb) == before
     assert sb.run("cat /app/hard; echo x >> /app/hard; cat /app/src/a.txt").output == \
         "hello\nhello\nx\n", "hard links stay hard links"
+
+
+EDITS = [
+    "echo {r} > /app/f{k}",
+    "echo {r} >> /app/src/a.txt",
+    "printf {c} | dd of=/app/src/deep/big bs=1 seek={k} count=1 conv=notrunc 2>/dev/null",
+    "chmod 6{k}{k} /app/f{k} 2>/dev/null; chmod 7{k}5 /app/run.sh",
+    "ln -sfn /app/f{k} /app/rel-link",
+    "mkdir -p /app/d{k}/e && echo {r} > /app/d{k}/e/g",
+    "rm -rf /app/d{k} /app/f{k}",
+    "mv /app/f{k} /app/moved{k} 2>/dev/null; true",
+    "ln /app/run.sh /app/hl{k} 2>/dev/null; true",
+    "touch -d '2001-01-0{k} 00:00' /app/src/a.txt",
+    "rm -f /app/fifo{k}; mkfifo /app/fifo{k}",
+    "echo {r} > /root/.cfg/k; echo {r} > /tmp/t/f",
+]
+
+
+def test_incremental_snapshots_restore_exactly_under_random_edits():
+    """Random edits (same-size in-place writes right after a snapshot included), snapshots and
+    restores of random earlier snapshots: each restore equals the manifest taken with it."""
+    rng = random.Random(7)
+    with make_sandbox("local", SandboxConfig(**SMALL)) as box:
+        populate(box)
+        taken = []
+        for step in range(60):
+            edit = rng.choice(EDITS).format(k=rng.randint(1, 4), r=rng.random(),
+                                            c=rng.choice("XYZ"))
+            assert box.run(edit).exit_code == 0, edit
+            if rng.random() < 0.3:
+                taken.append((box.snapshot(), manifest(box)))
+                if rng.random() < 0.5:     # edit within the same clock tick as the snapshot
+                    box.run("printf Q | dd of=/app/src/a.txt bs=1 count=1 conv=notrunc "
+                            "2>/dev/null")
+            if taken and rng.random() < 0.3:
+                snap, expected = rng.choice(taken)
+                box.restore(snap)
+                assert manifest(box) == expected, f"step {step}: restore differs"
+        assert len(taken) > 5
 
 
 def test_fork_diverges_without_touching_its_parent(sb):

@@ -26,6 +26,7 @@ import secrets
 import shutil
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 from tr.envs.sandbox import SandboxError
@@ -33,6 +34,11 @@ from tr.envs.sandbox import SandboxError
 _libc = ctypes.CDLL(None, use_errno=True)
 MNT_DETACH = 2
 ROOT_PREFIX = "tr-sbx-"
+try:
+    COARSE_TICK_S = max(time.clock_getres(5), 0.001)   # CLOCK_REALTIME_COARSE: file times
+except OSError:
+    COARSE_TICK_S = 0.01
+CTIME_MARGIN_NS = max(50_000_000, int(4 * COARSE_TICK_S * 1e9))
 
 
 def _mount_tmpfs(target: str, size_mb: int) -> bool:
@@ -147,6 +153,8 @@ class HostWorkspace:
             (self.w / "tmp").chmod(0o1777)
         (self.root / "snaps").mkdir()
         self.closed = False
+        self.trusted: dict[str, dict] = {}
+        self.last_snapshot: str | None = None
         if not self.disk_limited and self.overlays:   # no mount rights: plain copies
             for name, lower in self.overlays.items():
                 cp_tree(lower, self.host_dir(name))
@@ -176,28 +184,63 @@ class HostWorkspace:
             remove_tree(self.root)
 
     # --- snapshots -------------------------------------------------------------------------
+    # Incremental: ``self.trusted[snapshot]`` maps area-relative paths of live regular files and
+    # links (one link each) to (inode, ctime_ns, size) when that live file is known to equal the
+    # snapshot's copy.  ctime cannot be set from user space and changes on every write or chmod,
+    # so an equal key means an unchanged file.  Timestamps are coarse (one clock tick, ~4 ms), so
+    # files changed in the last CTIME_MARGIN_NS before a snapshot are never trusted, and host-side
+    # writes (write_file, copy_in, remove) drop all trust.  Unchanged files are then hard-linked
+    # from the previous snapshot (snapshots are never written, so sharing inodes between them is
+    # safe) and left alone on restore; a snapshot's own files never become live inodes.
+
+    def _live_dev(self) -> int:
+        return os.stat(self.w).st_dev
+
     def save(self, dest: Path) -> None:
+        """Snapshot every area into ``dest`` (the sandbox's processes must be stopped)."""
+        t_snap = time.time_ns()
         dest.mkdir(parents=True)
-        cp_tree(str(self.w), str(dest))
+        prev = self.last_snapshot
+        if prev is not None and prev in self.trusted and os.path.isdir(prev):
+            _copy_tree_linking(str(self.w), str(dest), prev, self.trusted[prev])
+        else:
+            cp_tree(str(self.w), str(dest))
+        self.trusted[str(dest)] = _live_keys(str(self.w), before_ns=t_snap - CTIME_MARGIN_NS)
+        self.last_snapshot = str(dest)
 
     def load(self, src: Path) -> None:
-        """Make every area equal to the snapshot at ``src``, in place."""
+        """Make every area equal to the snapshot at ``src``, in place: files whose live copy is
+        known unchanged stay, the rest is deleted or copied back."""
         if not src.is_dir():
             raise SandboxError(f"snapshot folder {src} does not exist (discarded, or its sandbox "
                                "closed without persist_snapshots)")
+        trusted = self.trusted.get(str(src), {})
         self._umount_overlays()
         try:
             names = list(self.areas.values())
             for name in self.overlays:
                 names += [f".{name}-upper", f".{name}-work"]
             for name in names:
-                here = self.w / name
-                empty_dir(str(here))
-                there = src / name
-                if there.is_dir():
+                here, there = self.w / name, src / name
+                if not there.is_dir():
+                    empty_dir(str(here))
+                elif trusted:
+                    _sync_tree(str(there), str(here), name, trusted, {})
+                else:
+                    empty_dir(str(here))
                     cp_tree(str(there), str(here))
         finally:
             self._mount_overlays()
+        # Our own copies are exact; wait out one clock tick so that no later write can share
+        # their ctime, then trust them for the next restore/snapshot of this snapshot.
+        time.sleep(COARSE_TICK_S)
+        self.trusted = {str(src): _live_keys(str(self.w), before_ns=None)}
+        self.last_snapshot = str(src)
+
+    def distrust(self) -> None:
+        """A host-side write happened: the next snapshot/restore copies everything."""
+        self.trusted = {}
+        self.last_snapshot = None
 
     # --- safe path resolution ----------------------------------------------------------------
     def _split(self, path: str) -> tuple[str, list[str]] | None:
@@ -280,6 +323,7 @@ class HostWorkspace:
     # --- transfers ---------------------------------------------------------------------------
     def remove(self, path) -> None:
         """Delete a file, link or folder (links not followed); a missing path is fine."""
+        self.distrust()
         area, parts = self.locate(path, follow_last=False)
         if not parts:
             raise SandboxError(f"cannot remove {path!r}: it is a writable area's root")
@@ -303,6 +347,7 @@ class HostWorkspace:
         os.close(self.open_dir(area, parts, create=True))
 
     def write_file(self, path, data: bytes, mode: int) -> None:
+        self.distrust()
         area, parts = self.locate(path)
         if not parts:
             raise SandboxError(f"write_file: {path!r} is an area folder, not a file")
@@ -348,10 +393,10 @@ class HostWorkspace:
 
     def copy_in(self, host_path, path) -> None:
         """Copy a host file or folder to sandbox ``path`` (a folder's contents are merged)."""
+        self.distrust()
         host_path = Path(host_path)
-        if host_path.is_symlink() or not host_path.exists():
-            if not host_path.exists():
-                raise SandboxError(f"copy_in: host path {host_path} does not exist")
+        if not host_path.exists():
+            raise SandboxError(f"copy_in: host path {host_path} does not exist")
         if host_path.is_file():
             self.write_file(path, host_path.read_bytes(), stat.S_IMODE(host_path.stat().st_mode))
             return
@@ -462,3 +507,117 @@ def _copy_entry_out(dfd: int, name: str, st: os.stat_result, dest: Path, keep_sy
             os.close(fd)
     else:
         skipped.append(rel or name)
+
+
+# ----------------------------------------------------------------------------------------------
+# Incremental snapshot helpers (see HostWorkspace: "Incremental").
+
+def _walk(root: str):
+    """(relative path, lstat) of everything under ``root``, not entering other mounts."""
+    dev = os.lstat(root).st_dev
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        with os.scandir(os.path.join(root, rel) if rel else root) as it:
+            for e in it:
+                r = f"{rel}/{e.name}" if rel else e.name
+                st = e.stat(follow_symlinks=False)
+                yield r, st
+                if stat.S_ISDIR(st.st_mode) and st.st_dev == dev:
+                    stack.append(r)
+
+
+def _live_keys(root: str, before_ns: int | None) -> dict[str, tuple[int, int, int]]:
+    """Trust keys of the single-link regular files and links under ``root`` whose ctime is
+    older than ``before_ns`` (None: all)."""
+    keys = {}
+    for rel, st in _walk(root):
+        if (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)) and st.st_nlink == 1 and \
+                (before_ns is None or st.st_ctime_ns < before_ns):
+            keys[rel] = (st.st_ino, st.st_ctime_ns, st.st_size)
+    return keys
+
+
+def _copy_meta(st: os.stat_result, dst: str) -> None:
+    if not stat.S_ISLNK(st.st_mode):
+        os.chmod(dst, stat.S_IMODE(st.st_mode))
+    try:
+        os.chown(dst, st.st_uid, st.st_gid, follow_symlinks=False)
+    except OSError:
+        pass
+    os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
+
+
+def _copy_entry(src: str, dst: str, st: os.stat_result, links: dict) -> None:
+    """Copy one non-directory entry; ``links`` maps source inode -> first copy (hard links)."""
+    mode = st.st_mode
+    if stat.S_ISREG(mode):
+        if st.st_nlink > 1 and st.st_ino in links:
+            os.link(links[st.st_ino], dst)
+            return
+        shutil.copyfile(src, dst, follow_symlinks=False)
+        links[st.st_ino] = dst
+    elif stat.S_ISLNK(mode):
+        os.symlink(os.readlink(src), dst)
+    elif stat.S_ISFIFO(mode):
+        os.mkfifo(dst)
+    elif stat.S_ISCHR(mode) and st.st_rdev == 0:       # overlayfs whiteout
+        os.mknod(dst, mode, 0)
+    else:
+        return                                          # sockets, devices: not kept
+    _copy_meta(st, dst)
+
+
+def _copy_tree_linking(live: str, dest: str, prev: str, trusted: dict) -> None:
+    """Snapshot ``live`` into ``dest``: trusted unchanged files become hard links to their copy
+    in the previous snapshot ``prev``, the rest is copied."""
+    dirs, links = [], {}
+    for rel, st in _walk(live):
+        src, dst = os.path.join(live, rel), os.path.join(dest, rel)
+        if stat.S_ISDIR(st.st_mode):
+            os.mkdir(dst)
+            dirs.append((rel, st))
+            continue
+        key = (st.st_ino, st.st_ctime_ns, st.st_size)
+        if st.st_nlink == 1 and trusted.get(rel) == key:
+            try:
+                os.link(os.path.join(prev, rel), dst, follow_symlinks=False)
+                continue
+            except OSError:
+                pass
+        _copy_entry(src, dst, st, links)
+    for rel, st in reversed(dirs):
+        _copy_meta(st, os.path.join(dest, rel))
+    _copy_meta(os.lstat(live), dest)
+
+
+def _sync_tree(snap: str, live: str, rel: str, trusted: dict, links: dict) -> None:
+    """Make folder ``live`` equal to ``snap`` keeping trusted unchanged files."""
+    snap_entries = {e.name: e.stat(follow_symlinks=False) for e in os.scandir(snap)}
+    kept = set()
+    with os.scandir(live) as it:
+        for e in it:
+            lst = e.stat(follow_symlinks=False)
+            sst = snap_entries.get(e.name)
+            r = f"{rel}/{e.name}"
+            if sst is not None and stat.S_IFMT(lst.st_mode) == stat.S_IFMT(sst.st_mode):
+                if stat.S_ISDIR(lst.st_mode):
+                    continue
+                if lst.st_nlink == 1 and trusted.get(r) == \
+                        (lst.st_ino, lst.st_ctime_ns, lst.st_size):
+                    kept.add(e.name)
+                    continue
+            if stat.S_ISDIR(lst.st_mode):
+                shutil.rmtree(e.path)
+            else:
+                os.unlink(e.path)
+    for name, sst in snap_entries.items():
+        src, dst = os.path.join(snap, name), os.path.join(live, name)
+        if stat.S_ISDIR(sst.st_mode):
+            if not os.path.isdir(dst) or os.path.islink(dst):
+                os.mkdir(dst)
+            _sync_tree(src, dst, f"{rel}/{name}", trusted, links)
+        elif name not in kept:
+            _copy_entry(src, dst, sst, links)
+    _copy_meta(os.lstat(snap), live)
+
