@@ -406,6 +406,21 @@ def test_incremental_snapshots_restore_exactly_under_random_edits():
         assert len(taken) > 5
 
 
+def test_local_etc_copy_snapshots_deletions_and_replaced_folders():
+    """/etc is an overlay of the host's: whiteouts and opaque folders must survive snapshots."""
+    with make_sandbox("local", SandboxConfig(**SMALL)) as box:
+        box.snapshot()                                  # the next one is incremental
+        box.run("rm /etc/hostname && rm -rf /etc/apt && mkdir /etc/apt && echo n > /etc/apt/new"
+                " && echo added > /etc/added")
+        expected = box.run("ls /etc/apt; ls /etc/hostname 2>&1; cat /etc/added").output
+        snap = box.snapshot()
+        box.run("echo back > /etc/hostname; rm -rf /etc/apt /etc/added")
+        box.restore(snap)
+        assert box.run("ls /etc/apt; ls /etc/hostname 2>&1; cat /etc/added").output == expected
+        assert expected.startswith("new\n") and "No such file" in expected
+        assert Path("/etc/hostname").exists() and Path("/etc/apt").is_dir()   # host untouched
+
+
 def test_fork_diverges_without_touching_its_parent(sb):
     populate(sb)
     snap = sb.snapshot()

@@ -538,7 +538,16 @@ def _live_keys(root: str, before_ns: int | None) -> dict[str, tuple[int, int, in
     return keys
 
 
-def _copy_meta(st: os.stat_result, dst: str) -> None:
+def _copy_meta(st: os.stat_result, dst: str, src: str | None = None) -> None:
+    """Mode, owner, times -- and extended attributes (overlayfs keeps "opaque folder" marks in
+    ``trusted.overlay.*``) when ``src`` is given."""
+    if src is not None and not stat.S_ISLNK(st.st_mode):
+        try:
+            for name in os.listxattr(src, follow_symlinks=False):
+                os.setxattr(dst, name, os.getxattr(src, name, follow_symlinks=False),
+                            follow_symlinks=False)
+        except OSError:
+            pass
     if not stat.S_ISLNK(st.st_mode):
         os.chmod(dst, stat.S_IMODE(st.st_mode))
     try:
@@ -565,7 +574,7 @@ def _copy_entry(src: str, dst: str, st: os.stat_result, links: dict) -> None:
         os.mknod(dst, mode, 0)
     else:
         return                                          # sockets, devices: not kept
-    _copy_meta(st, dst)
+    _copy_meta(st, dst, src)
 
 
 def _copy_tree_linking(live: str, dest: str, prev: str, trusted: dict) -> None:
@@ -587,8 +596,8 @@ def _copy_tree_linking(live: str, dest: str, prev: str, trusted: dict) -> None:
                 pass
         _copy_entry(src, dst, st, links)
     for rel, st in reversed(dirs):
-        _copy_meta(st, os.path.join(dest, rel))
-    _copy_meta(os.lstat(live), dest)
+        _copy_meta(st, os.path.join(dest, rel), os.path.join(live, rel))
+    _copy_meta(os.lstat(live), dest, live)
 
 
 def _sync_tree(snap: str, live: str, rel: str, trusted: dict, links: dict) -> None:
@@ -619,5 +628,5 @@ def _sync_tree(snap: str, live: str, rel: str, trusted: dict, links: dict) -> No
             _sync_tree(src, dst, f"{rel}/{name}", trusted, links)
         elif name not in kept:
             _copy_entry(src, dst, sst, links)
-    _copy_meta(os.lstat(snap), live)
+    _copy_meta(os.lstat(snap), live, snap)
 
