@@ -287,3 +287,14 @@ def test_train_state_is_a_pytree_of_arrays_only():
     assert isinstance(state, TrainState)
     assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(state))
     assert state.rng.dtype == jnp.uint32
+
+
+def test_handoff_refuses_params_that_do_not_match_their_recorded_hash(two_parent_stages):
+    run, warmup, _ = two_parent_stages
+    manifest_file = run / "warmup" / "checkpoints" / "3" / "manifest" / "metadata"
+    manifest = json.loads(manifest_file.read_text())
+    manifest["hashes"]["critic_params"] = "0" * 64   # as if the arrays on disk had changed
+    manifest_file.write_text(json.dumps(manifest))
+    with pytest.raises(ckpt.CheckpointError, match="restored critic_params hash .* differs"):
+        ckpt.start_stage(run, "rpr-x", kind="rpr", target=abstract_state(warmup),
+                         actor_from=ckpt.StageRef("rsr-1"), critic_from=ckpt.StageRef("warmup"))

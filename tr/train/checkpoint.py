@@ -114,13 +114,16 @@ class StageStore:
     max_to_keep: keep only the newest complete checkpoints (None: keep all).
     async_save:  write arrays in a background thread; `wait()`/`close()` block until done.
     read_only:   only read (a parent stage in a handoff): never deletes or writes anything.
+    hash_on_save: record the parameter hashes in every step's manifest (a full read of the
+                 parameters to the host; turn off for very large models, the handoff and
+                 `finish` still hash).
 
     A writable store deletes the leftovers of saves that never completed when it opens (one
     process per stage writes; a reader must open with `read_only=True`).
     """
 
     def __init__(self, run_dir, stage: str, *, save_every: int = 1, max_to_keep: int | None = None,
-                 async_save: bool = True, read_only: bool = False):
+                 async_save: bool = True, read_only: bool = False, hash_on_save: bool = True):
         if not _STAGE_NAME.match(stage or ""):
             raise ValueError(f"stage name {stage!r} must match {_STAGE_NAME.pattern}")
         if save_every < 1:
@@ -132,6 +135,7 @@ class StageStore:
         self.manifest_path = self.stage_dir / "stage.json"
         self.save_every = save_every
         self.read_only = read_only
+        self.hash_on_save = hash_on_save
         if read_only and not self.checkpoint_dir.is_dir():
             raise CheckpointError(f"stage {stage!r} has no checkpoints ({self.checkpoint_dir} "
                                   "does not exist)")
@@ -227,7 +231,7 @@ class StageStore:
             "stage": self.stage,
             "step": step,
             "items": sorted(items),
-            "hashes": {name: tree_hash(getattr(state, name))
+            "hashes": {name: tree_hash(getattr(state, name)) if self.hash_on_save else None
                        for name in ("actor_params", "critic_params")},
         }
         items["manifest"] = ocp.args.JsonSave(manifest)
@@ -332,9 +336,15 @@ class StageStore:
                 f"of {before} ({self.manifest_path})")
 
 
-def _parent_record(store: StageStore, step: int, name: str) -> dict:
-    return {"stage": store.stage, "step": step,
-            "hash": store.step_manifest(step)["hashes"].get(name)}
+def _parent_record(store: StageStore, step: int, name: str, params: PyTree) -> dict:
+    """`{stage, step, hash}` of restored `params`; raises if they differ from the saved hash."""
+    digest = tree_hash(params)
+    saved = store.step_manifest(step)["hashes"].get(name)
+    if saved is not None and saved != digest:
+        raise CheckpointError(
+            f"{store.checkpoint_dir / str(step)}: restored {name} hash {digest} differs from the "
+            f"hash {saved} recorded when it was saved (corrupted or mismatched checkpoint)")
+    return {"stage": store.stage, "step": step, "hash": digest}
 
 
 def start_stage(
@@ -357,6 +367,7 @@ def start_stage(
     save_every: int = 1,
     max_to_keep: int | None = None,
     async_save: bool = True,
+    hash_on_save: bool = True,
 ) -> tuple[TrainState, StageStore]:
     """Opens stage `stage` of the run: resumes it if it has checkpoints, else builds it by handoff.
 
@@ -364,14 +375,34 @@ def start_stage(
     parameters from `critic_from` (a saved step, `FRESH` to use `fresh_critic_params`, or None for a
     stage without critic). Each optimizer state is restored from the same parent
     (`restore_*_optimizer=True`) or re-initialised with `*_optimizer.init` (None: no optimizer,
-    the side is frozen). `target` gives the shapes, dtypes and shardings of the new stage's state
+    the side is frozen). Restored parameters must match the hash recorded when they were saved.
+    `target` gives the shapes, dtypes and shardings of the new stage's state
     (its optimizer-state parts are used only when restoring them). The stage's step 0 is saved at
     once, so a run killed before its first periodic save resumes from the handoff itself.
 
     Returns the state and the open `StageStore` (close it, or use it as a context manager).
     """
     store = StageStore(run_dir, stage, save_every=save_every, max_to_keep=max_to_keep,
-                       async_save=async_save)
+                       async_save=async_save, hash_on_save=hash_on_save)
+    try:
+        return _resume_or_hand_off(
+            store, run_dir, kind=kind, target=target, actor_from=actor_from,
+            critic_from=critic_from, actor_optimizer=actor_optimizer,
+            critic_optimizer=critic_optimizer, restore_actor_optimizer=restore_actor_optimizer,
+            restore_critic_optimizer=restore_critic_optimizer,
+            fresh_critic_params=fresh_critic_params, critic_frozen=critic_frozen, config=config,
+            seed=seed, data_iter=data_iter), store
+    except BaseException:
+        store.close()
+        raise
+
+
+def _resume_or_hand_off(store: StageStore, run_dir, *, kind, target, actor_from, critic_from,
+                        actor_optimizer, critic_optimizer, restore_actor_optimizer,
+                        restore_critic_optimizer, fresh_critic_params, critic_frozen, config,
+                        seed, data_iter) -> TrainState:
+    """The body of `start_stage` once its store is open."""
+    stage = store.stage
     if store.latest_step() is not None:
         if store.manifest is None:
             raise CheckpointError(f"{store.checkpoint_dir} has checkpoints but {store.manifest_path} "
@@ -383,21 +414,21 @@ def start_stage(
             actor_opt_state=None if actor_optimizer is None else target.actor_opt_state,
             critic_opt_state=None if critic_optimizer is None else target.critic_opt_state,
         )
-        return store.restore(resume_target, data_iter=data_iter), store
+        return store.restore(resume_target, data_iter=data_iter)
 
     parents: dict[str, Any] = {"actor": None, "critic": None}
     optimizers: dict[str, str | None] = {"actor": None, "critic": None}
 
     actor_params = actor_opt_state = None
     if actor_from is not None:
-        parent = StageStore(run_dir, actor_from.stage, read_only=True)
-        step = parent._resolve_step(actor_from.step)  # pylint: disable=protected-access
-        actor_params = parent.restore_item("actor_params", target.actor_params, step)
-        parents["actor"] = _parent_record(parent, step, "actor_params")
-        if actor_optimizer is not None and restore_actor_optimizer:
-            actor_opt_state = parent.restore_item("actor_opt_state", target.actor_opt_state, step)
-            optimizers["actor"] = "restored"
-        parent.close()
+        with StageStore(run_dir, actor_from.stage, read_only=True) as parent:
+            step = parent._resolve_step(actor_from.step)  # pylint: disable=protected-access
+            actor_params = parent.restore_item("actor_params", target.actor_params, step)
+            parents["actor"] = _parent_record(parent, step, "actor_params", actor_params)
+            if actor_optimizer is not None and restore_actor_optimizer:
+                actor_opt_state = parent.restore_item("actor_opt_state", target.actor_opt_state,
+                                                    step)
+                optimizers["actor"] = "restored"
     if actor_optimizer is not None and actor_opt_state is None:
         if actor_params is None:
             raise ValueError(f"start_stage({stage!r}): an actor optimizer needs actor_from")
@@ -406,14 +437,14 @@ def start_stage(
 
     critic_params = critic_opt_state = None
     if isinstance(critic_from, StageRef):
-        parent = StageStore(run_dir, critic_from.stage, read_only=True)
-        step = parent._resolve_step(critic_from.step)  # pylint: disable=protected-access
-        critic_params = parent.restore_item("critic_params", target.critic_params, step)
-        parents["critic"] = _parent_record(parent, step, "critic_params")
-        if critic_optimizer is not None and restore_critic_optimizer:
-            critic_opt_state = parent.restore_item("critic_opt_state", target.critic_opt_state, step)
-            optimizers["critic"] = "restored"
-        parent.close()
+        with StageStore(run_dir, critic_from.stage, read_only=True) as parent:
+            step = parent._resolve_step(critic_from.step)  # pylint: disable=protected-access
+            critic_params = parent.restore_item("critic_params", target.critic_params, step)
+            parents["critic"] = _parent_record(parent, step, "critic_params", critic_params)
+            if critic_optimizer is not None and restore_critic_optimizer:
+                critic_opt_state = parent.restore_item("critic_opt_state", target.critic_opt_state,
+                                                    step)
+                optimizers["critic"] = "restored"
     elif critic_from == FRESH:
         if fresh_critic_params is None:
             raise ValueError(f"start_stage({stage!r}): critic_from=FRESH needs fresh_critic_params")
@@ -440,7 +471,7 @@ def start_stage(
                  critic_frozen=critic_frozen,
                  critic_hash_before=tree_hash(critic_params) if critic_frozen else None)
     store.save(state, data_iter, force=True)
-    return state, store
+    return state
 
 
 def _init_optimizer(optimizer, params: PyTree, target: PyTree) -> PyTree:
