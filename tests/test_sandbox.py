@@ -242,6 +242,19 @@ def test_fork_bomb_is_contained(backend):
         assert r.exit_code == 0 and "alive" in r.output
 
 
+def test_memory_cpu_and_file_size_limits_hold(backend):
+    config = SandboxConfig(**{**SMALL, "memory_mb": 256, "cpu_time_s": 2, "file_size_mb": 1})
+    with make_sandbox(backend, config) as box:
+        r = box.run("python3 -c \"x = b'x' * (800 * 1024 * 1024); print('alloc' + 'ated')\"",
+                    timeout_s=60)
+        assert r.exit_code not in (0, None) and "allocated" not in r.output, r
+        r = box.run("python3 -c 'while True: pass'", timeout_s=60)
+        assert not r.timed_out and r.exit_code == 128 + signal.SIGXCPU, r   # RLIMIT_CPU
+        r = box.run("head -c 5000000 /dev/zero > /tmp/big; stat -c %s /tmp/big")
+        assert r.output.split()[-1] == str(1024 * 1024), r                  # RLIMIT_FSIZE
+        assert box.run("echo still here").output == "still here\n"
+
+
 def test_gigabyte_of_output_is_capped_in_bounded_memory(sb):
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     r = sb.run("printf START; head -c 1000000000 /dev/zero; printf END", timeout_s=120)

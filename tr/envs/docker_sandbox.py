@@ -244,7 +244,7 @@ class DockerSandbox:
         env.update(cfg.env)
         ulimits = [docker.types.Ulimit(name="fsize", soft=cfg.file_size_mb * mb,
                                        hard=cfg.file_size_mb * mb),
-                   docker.types.Ulimit(name="cpu", soft=cfg.cpu_time_s, hard=cfg.cpu_time_s),
+                   docker.types.Ulimit(name="cpu", soft=cfg.cpu_time_s, hard=cfg.cpu_time_s + 5),
                    docker.types.Ulimit(name="core", soft=0, hard=0)]
         self.container = self.client.containers.create(
             self.image, command=["/bin/sh", "-c", KEEPER], entrypoint=[], detach=True,

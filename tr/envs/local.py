@@ -217,8 +217,9 @@ class LocalSandbox:
         kb = 1024
         script = "".join(f"echo $$ > {shlex.quote(f)} || exit 125; " for f in files)
         # dash's ulimit: -f in 512-byte blocks, -v in KiB, -t seconds.
-        script += (f"ulimit -f {cfg.file_size_mb * 2 * kb} && ulimit -t {cfg.cpu_time_s} && "
-                   "ulimit -c 0 || exit 125; ")
+        # CPU: SIGXCPU at the soft limit ("CPU time limit exceeded"), SIGKILL 5 s later.
+        script += (f"ulimit -f {cfg.file_size_mb * 2 * kb} && ulimit -S -t {cfg.cpu_time_s}"
+                   f" && ulimit -H -t {cfg.cpu_time_s + 5} && ulimit -c 0 || exit 125; ")
         if not files:
             script += (f"ulimit -v {cfg.memory_mb * kb} && ulimit -p {cfg.pids} 2>/dev/null; ")
         return ["/bin/sh", "-c", script + 'exec "$@"', "tr-launch"]
