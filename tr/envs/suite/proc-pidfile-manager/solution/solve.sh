@@ -27,7 +27,8 @@ do_start() {
     echo "$pid" > "$PIDFILE.tmp" && mv -f "$PIDFILE.tmp" "$PIDFILE"
     for _ in $(seq 100); do
         if [ -f "$RUN/heartbeat" ]; then echo "started (pid $pid)"; return 0; fi
-        is_worker "$pid" || break
+        state=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1)
+        [ -z "$state" ] || [ "$state" = Z ] && break
         sleep 0.05
     done
     echo "svc.sh: worker failed to start" >&2
