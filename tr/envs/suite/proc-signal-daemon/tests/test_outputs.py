@@ -10,7 +10,7 @@ import pytest
 os.environ.pop("PYTHONSAFEPATH", None)
 
 
-def wait_for(pred, timeout=3.0):
+def wait_for(pred, timeout=5.0):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if pred():
