@@ -318,10 +318,13 @@ def logprobs_from_hidden(model: Decoder, hidden: Float[Array, "b l d"], tokens: 
             return logp, ent
         return (logp,)
 
-    outs = _chunked_over_positions(chunk_fn, hidden[:, :-1], tokens[:, 1:], chunk_size)
+    # Position j predicts tokens[j + 1]; all L positions are kept (the last one predicts a dummy)
+    # so that a length axis sharded over `context` stays evenly divisible; the shift is done last.
+    targets = jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
+    outs = _chunked_over_positions(chunk_fn, hidden, targets, chunk_size)
     zero = jnp.zeros((tokens.shape[0], 1), jnp.float32)
-    logp = jnp.concatenate([zero, outs[0]], axis=1)
-    entropy = jnp.concatenate([zero, outs[1]], axis=1) if with_entropy else None
+    logp = jnp.concatenate([zero, outs[0][:, :-1]], axis=1)
+    entropy = jnp.concatenate([zero, outs[1][:, :-1]], axis=1) if with_entropy else None
     return logp, entropy
 
 

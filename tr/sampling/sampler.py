@@ -18,8 +18,8 @@ string (included; checked on the host every `stop_check_steps` tokens), or at it
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import functools
 from collections import Counter
 from typing import Protocol, Sequence
 
@@ -112,7 +112,9 @@ class JaxSampler:
     """KV-cache sampler for a `Decoder` (see the module docstring for padding and buckets)."""
 
     def __init__(self, model: Decoder, tokenizer: Tokenizer | None = None, *, min_prompt_bucket: int = 64,
-                 min_new_bucket: int = 16, min_batch_bucket: int = 1, stop_check_steps: int = 32):
+                 min_new_bucket: int = 16, min_batch_bucket: int = 1, stop_check_steps: int = 32,
+                 mesh: jax.sharding.Mesh | None = None):
+        self.mesh = mesh  # a sharded model: run under this mesh so activation constraints apply
         self.graphdef, self.state = nnx.split(model)
         self.config = model.config
         self.tokenizer = tokenizer
@@ -171,6 +173,11 @@ class JaxSampler:
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams = SamplingParams(),
                  max_new_tokens: Sequence[int] | None = None) -> list[Completion]:
         """Sample one completion per prompt (token ids in, token ids out)."""
+        with (jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()):
+            return self._generate(prompts, params, max_new_tokens)
+
+    def _generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                  max_new_tokens: Sequence[int] | None) -> list[Completion]:
         n = len(prompts)
         if n == 0:
             return []
