@@ -1,14 +1,19 @@
 """A sandbox's writable areas on the host, and file transfer that never follows planted links.
 
-The writable areas (the task root ``/app``, home ``/root``, ``/tmp`` and, locally, ``/etc``) are
-folders of one size-limited tmpfs that the host mounts per sandbox (``size=disk_mb``: filling it
-fails with ENOSPC) and bind-mounts into the sandbox.  Because the host holds them:
+The writable areas (the task root ``/app``, home ``/root``, ``/tmp``, ``/logs`` and, locally,
+``/etc``) are folders of one size-limited tmpfs that the host mounts per sandbox
+(``size=disk_mb``: filling it fails with ENOSPC) and bind-mounts into the sandbox.  The local
+``/etc`` is an overlay of a cached, secret-free copy of the host's ``/etc`` whose upper folder lies
+on that tmpfs: a writable copy that costs nothing at start.  Because the host holds them:
 
-* a snapshot is ``cp -a`` of the tmpfs into a snapshot folder (no reflinks on ext4/tmpfs; measured
-  ~30 ms per 50 MB, see bench/bench_sandbox.py); restore empties each area in place (the bind
-  mounts keep pointing at the same folders) and copies the snapshot back; a fork is a new
-  workspace filled from the snapshot.  Hard-link trees are not used: files edited in place would
-  change the snapshot through the shared inode.
+* a snapshot copies the tmpfs into a snapshot folder (ext4 and tmpfs have no reflinks): the
+  first one with ``cp -a``, later ones incrementally -- files unchanged since the previous
+  snapshot (same inode, ctime and size) become hard links to that snapshot's copy, which is safe
+  because snapshot files are never written or handed to the sandbox.  Restore empties nothing it
+  does not have to: unchanged live files stay, the rest is deleted or copied back, in place (the
+  bind mounts keep pointing at the same folders).  A fork is a new workspace filled from the
+  snapshot.  Live files are never hard-linked to snapshot files: an in-place edit would change
+  the snapshot through the shared inode.
 * copy_in/copy_out resolve the sandbox path in *sandbox* space (an absolute link ``/app/x ->
   /root`` means the sandbox's ``/root``) and then walk it with ``openat(O_NOFOLLOW)`` from the
   area folder, so a link swapped in meanwhile fails instead of reaching a host file.
@@ -19,7 +24,6 @@ Without the right to mount (not root), the areas are plain folders and ``disk_li
 from __future__ import annotations
 
 import ctypes
-import errno
 import os
 import posixpath
 import secrets
