@@ -167,22 +167,41 @@ def param_logical_axes(state: nnx.State) -> Any:
     return jax.tree.map(axes, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
-def state_shardings(state: nnx.State, mesh: Mesh, rules: Rules | None = None) -> Any:
-    """NamedSharding tree matching `state` (as returned by `nnx.split` / `nnx.state`)."""
-    mesh_shape = dict(mesh.shape)
+def state_partition_specs(state: nnx.State, mesh_shape: dict[str, int], rules: Rules | None = None) -> Any:
+    """PartitionSpec tree for `state` on a mesh of the given axis sizes (no devices needed: plan a pod
+    layout, e.g. `nnx.eval_shape` a 27B model and check its per-device bytes)."""
 
-    def sharding(v: nnx.Variable) -> Any:
+    def spec(v: nnx.Variable) -> Any:
         shape = tuple(v.get_value().shape)
         names = v.get_metadata().get("logical_axes")
         if names is None:
-            spec = PartitionSpec()
-        else:
-            if len(names) != len(shape):
-                raise ValueError(f"logical_axes {names} do not match a parameter of shape {shape}")
-            spec = logical_to_spec(tuple(names), shape, mesh_shape, rules)
-        return v.replace(NamedSharding(mesh, spec))
+            return v.replace(PartitionSpec())
+        if len(names) != len(shape):
+            raise ValueError(f"logical_axes {names} do not match a parameter of shape {shape}")
+        return v.replace(logical_to_spec(tuple(names), shape, mesh_shape, rules))
 
-    return jax.tree.map(sharding, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return jax.tree.map(spec, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def per_device_bytes(state: nnx.State, mesh_shape: dict[str, int], rules: Rules | None = None) -> int:
+    """Bytes of `state` held by one device when sharded by the rules on a mesh of `mesh_shape`."""
+    specs = jax.tree.leaves(state_partition_specs(state, mesh_shape, rules),
+                            is_leaf=lambda x: isinstance(x, PartitionSpec))
+    total = 0
+    for value, spec in zip(jax.tree.leaves(state), specs):
+        n = math.prod(value.shape) * np.dtype(value.dtype).itemsize
+        for axes in spec:
+            for axis in ((axes,) if isinstance(axes, str) else (axes or ())):
+                n //= mesh_shape[axis]
+        total += n
+    return total
+
+
+def state_shardings(state: nnx.State, mesh: Mesh, rules: Rules | None = None) -> Any:
+    """NamedSharding tree matching `state` (as returned by `nnx.split` / `nnx.state`)."""
+    specs = state_partition_specs(state, dict(mesh.shape), rules)
+    return jax.tree.map(lambda v: v.replace(NamedSharding(mesh, v.get_value())), specs,
+                        is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 def shard_model(model: nnx.Module, mesh: Mesh, rules: Rules | None = None) -> nnx.Module:
