@@ -31,6 +31,9 @@ def run_once(tasks, concurrency: int, backend: str) -> dict:
     out = run_rollouts(group_specs(tasks, 1), ScriptedPolicy(tasks), ChatLayout(ByteTokenizer()), cfg)
     wall = time.perf_counter() - t0
     recs = out.records
+    failed = sorted(r.task_id for r in recs if not r.passed)
+    if failed:
+        print(f"  concurrency {concurrency}: not passed: {failed}", file=sys.stderr)
     steps = sum(r.num_turns for r in recs)
     ep_time = sum(r.wall_s for r in recs)
     sandbox = sum(r.setup_s + r.env_s + r.verify_s for r in recs)
