@@ -19,7 +19,7 @@ from tr.rl.advantages import (
     token_gae,
 )
 
-METHODS = ("scan", "associative")
+METHODS = ("blocked", "scan", "associative")
 GAMMA_TURN, LAM_TURN = 0.9, 0.8
 
 
@@ -131,9 +131,10 @@ def call_tb(fn, d, carry=None):
 class TbGaeTest(parameterized.TestCase):
 
     @chex.variants(with_jit=True, without_jit=True)
-    def test_agrees_with_reference_loop(self):
+    @parameterized.parameters("blocked", "scan")
+    def test_agrees_with_reference_loop(self, method):
         d = make_layout(seed=1)
-        out = self.variant(tb_partial("scan"))(
+        out = self.variant(tb_partial(method))(
             d["rewards"], d["values"], d["actor_mask"], d["turn_ids"], d["dones"])
         expected = ref_tb(d)
         np.testing.assert_allclose(out.advantages, expected, atol=2e-5, rtol=1e-5)
@@ -145,7 +146,7 @@ class TbGaeTest(parameterized.TestCase):
 
     @parameterized.parameters(*METHODS)
     def test_agrees_with_reference_loop_over_many_blocks_with_carry(self, method):
-        # Length 300 (many levels of the associative scan), a carry-in, long episodes.
+        # Length 300 (many blocks, many levels of the associative scan), a carry-in, long episodes.
         d = make_layout(seed=2, batch=3, length=300, max_turns=12)
         rng = np.random.default_rng(0)
         carry = Carry(rng.normal(size=3).astype(np.float32), rng.normal(size=3).astype(np.float32),
@@ -179,7 +180,7 @@ class TbGaeTest(parameterized.TestCase):
             rewards[0, last] = reward
             dones = np.zeros((1, length), bool)
             dones[0, last] = True
-            out = tb_fn("scan")(rewards, np.zeros((1, length), np.float32), mask[None],
+            out = tb_fn("blocked")(rewards, np.zeros((1, length), np.float32), mask[None],
                                    turns[None], dones)
             per_token = np.asarray(out.advantages)[0][mask]
             expected = reward * (GAMMA_TURN * LAM_TURN) ** (num_turns - turns[mask])
@@ -211,8 +212,8 @@ class TbGaeTest(parameterized.TestCase):
             for method in METHODS:
                 out = tb_fn(method)(rewards[None], values[None], mask[None], turns[None], dones[None])
                 results[method].append(np.asarray(out.advantages)[0][mask])
-        # Bitwise for the sequential scan (observations only pass the carry); the associative form
-        # groups the products by position, so it agrees to float rounding.
+        # Bitwise for the sequential scan (observations only pass the carry); the blocked and
+        # associative forms group the products by position, so they agree to float rounding.
         np.testing.assert_array_equal(*results["scan"])
         for method in METHODS:
             np.testing.assert_allclose(*results[method], rtol=1e-6, atol=1e-6)
@@ -226,7 +227,7 @@ class TbGaeTest(parameterized.TestCase):
         dones[0, last] = True
         rewards = np.zeros_like(d["rewards"])
         rewards[0, last] = 0.41
-        out = tb_fn("scan")(rewards, d["values"], d["actor_mask"], d["turn_ids"], dones)
+        out = tb_fn("blocked")(rewards, d["values"], d["actor_mask"], d["turn_ids"], dones)
         in_last_turn = mask & (turns == turns[last])
         in_last_turn[:np.flatnonzero(mask & (turns != turns[last]))[-1] + 1] = False
         self.assertGreater(in_last_turn.sum(), 0)
@@ -242,7 +243,8 @@ class TbGaeTest(parameterized.TestCase):
         np.testing.assert_allclose(tb.returns, tok.returns, atol=1e-5, rtol=1e-6)
 
     @chex.variants(with_jit=True, without_jit=True)
-    def test_degenerate_layout_equals_rlax_truncated_gae(self):
+    @parameterized.parameters("blocked", "scan")
+    def test_degenerate_layout_equals_rlax_truncated_gae(self, method):
         # One action token per turn, no observations: textbook truncated GAE.
         rng = np.random.default_rng(7)
         batch, length = 3, 30
@@ -250,7 +252,7 @@ class TbGaeTest(parameterized.TestCase):
         values = rng.normal(size=(batch, length)).astype(np.float32)
         dones = rng.random((batch, length)) < 0.15
         turns = np.tile(np.arange(1, length + 1, dtype=np.int32), (batch, 1))
-        out = self.variant(tb_partial("scan"))(rewards, values, np.ones((batch, length), bool), turns,
+        out = self.variant(tb_partial(method))(rewards, values, np.ones((batch, length), bool), turns,
                                           dones)
         discount = GAMMA_TURN * (1.0 - dones.astype(np.float32))
         values_tp1 = np.concatenate([values, np.zeros((batch, 1), np.float32)], axis=1)
@@ -263,7 +265,7 @@ class TbGaeTest(parameterized.TestCase):
         d = make_layout(seed=8, length=60)
         fn = tb_fn(method)
         full = call_tb(fn, d)
-        cuts = [0, 7, 8, 23, 41, 60]  # includes a 1-token partition
+        cuts = [0, 12, 13, 25, 37, 60]  # uneven, with a 1-token partition
         parts, carry = [], None
         for start, stop in reversed(list(zip(cuts[:-1], cuts[1:]))):
             out = call_tb(fn, {k: v[:, start:stop] for k, v in d.items()}, carry)
@@ -316,19 +318,19 @@ class TbGaeTest(parameterized.TestCase):
     def test_packed_episodes_equal_separate_episodes(self):
         d = make_layout(seed=11, batch=1, length=80)
         self.assertGreaterEqual(d["dones"].sum(), 2)
-        full = np.asarray(call_tb(tb_fn("scan"), d).advantages)[0]
+        full = np.asarray(call_tb(tb_fn("blocked"), d).advantages)[0]
         ends = list(np.flatnonzero(d["dones"][0]) + 1)
         starts = [0] + ends
         stops = ends + [d["rewards"].shape[1]]
         for start, stop in zip(starts, stops):
-            piece = call_tb(tb_fn("scan"), {k: v[:, start:stop] for k, v in d.items()})
+            piece = call_tb(tb_fn("blocked"), {k: v[:, start:stop] for k, v in d.items()})
             np.testing.assert_allclose(full[start:stop], np.asarray(piece.advantages)[0],
                                        atol=1e-5, rtol=1e-6)
 
     def test_fractional_rewards_stay_float32(self):
         d = make_layout(seed=12, fractional=True)
         d64 = dict(d, rewards=d["rewards"].astype(np.float64), values=d["values"].astype(np.float64))
-        out = call_tb(tb_fn("scan"), d64)
+        out = call_tb(tb_fn("blocked"), d64)
         chex.assert_type([out.advantages, out.returns], jnp.float32)
         last = np.argwhere(d["dones"])
         for b, j in last:  # a done token with a fractional reward: A = r − v exactly
@@ -336,16 +338,16 @@ class TbGaeTest(parameterized.TestCase):
                                        rtol=1e-6)
             self.assertNotEqual(float(d["rewards"][b, j]) % 1.0, 0.0)
         with self.assertRaisesRegex(ValueError, "'rewards' must be floating point"):
-            call_tb(tb_fn("scan"), dict(d, rewards=d["rewards"].astype(np.int32)))
+            call_tb(tb_fn("blocked"), dict(d, rewards=d["rewards"].astype(np.int32)))
 
     def test_bad_input_names_the_field(self):
         d = make_layout(seed=13)
         with self.assertRaisesRegex(ValueError, "'turn_ids' has shape"):
-            call_tb(tb_fn("scan"), dict(d, turn_ids=d["turn_ids"][:, :-1]))
+            call_tb(tb_fn("blocked"), dict(d, turn_ids=d["turn_ids"][:, :-1]))
         with self.assertRaisesRegex(ValueError, "'turn_ids' must be integers"):
-            call_tb(tb_fn("scan"), dict(d, turn_ids=d["turn_ids"].astype(np.float32)))
+            call_tb(tb_fn("blocked"), dict(d, turn_ids=d["turn_ids"].astype(np.float32)))
         with self.assertRaisesRegex(ValueError, "'carry.value' has shape"):
-            call_tb(tb_fn("scan"), d, Carry(np.zeros(2), np.zeros(3), np.zeros(3, np.int32)))
+            call_tb(tb_fn("blocked"), d, Carry(np.zeros(2), np.zeros(3), np.zeros(3, np.int32)))
         with self.assertRaisesRegex(ValueError, "method must be"):
             call_tb(tb_fn("fast"), d)
 
@@ -356,8 +358,8 @@ class TbGaeTest(parameterized.TestCase):
         d = make_layout(seed=14, batch=16, length=40)
         sharding = NamedSharding(mesh, PartitionSpec("data", None))
         sharded = {k: jax.device_put(v, sharding) for k, v in d.items()}
-        for method in METHODS:
-            fn = jax.jit(lambda x, method=method: call_tb(tb_fn(method), x))
+        for method in ("blocked", "scan"):
+            fn = jax.jit(lambda x, method=method: call_tb(tb_partial(method), x))
             out = fn(sharded)
             self.assertEqual(len(out.advantages.sharding.device_set), 8)
             np.testing.assert_allclose(out.advantages, ref_tb(d), atol=2e-5, rtol=1e-5)
@@ -368,11 +370,11 @@ class TbGaeTest(parameterized.TestCase):
 class TokenGaeTest(parameterized.TestCase):
 
     @chex.variants(with_jit=True, without_jit=True)
-    @parameterized.parameters("interleaved", "actions")
-    def test_agrees_with_reference_loop(self, chain):
+    @parameterized.product(method=("blocked", "scan"), chain=("interleaved", "actions"))
+    def test_agrees_with_reference_loop(self, method, chain):
         d = make_layout(seed=20)
         mask = d["real_mask"] if chain == "interleaved" else d["actor_mask"]
-        out = self.variant(token_partial("scan", 0.95, 0.7))(d["rewards"], d["values"], mask, d["dones"])
+        out = self.variant(token_partial(method, 0.95, 0.7))(d["rewards"], d["values"], mask, d["dones"])
         self.assertIsInstance(out, GaeOutput)
         expected = ref_token(d, mask, 0.95, 0.7)
         np.testing.assert_allclose(out.advantages, expected, atol=2e-5, rtol=1e-5)
