@@ -67,10 +67,13 @@ def _owner() -> str:
 
 def remove_image(image: str) -> None:
     import docker
+    client = docker_client()
     try:
-        docker_client().images.remove(image, force=True, noprune=False)
+        client.images.remove(image, force=True, noprune=False)
     except docker.errors.ImageNotFound:
         pass
+    finally:
+        client.close()
 
 
 def reap_stale_docker(client) -> None:
@@ -190,7 +193,7 @@ class DockerSandbox:
                 self.image = _from_snapshot.image
                 self.ws.load(Path(_from_snapshot.location))
             else:
-                self.image = self.config.image or ensure_base_image()
+                self.image = self.config.image or ensure_base_image(client=self.client)
                 seed = self._seed(self.image)
                 for name in self.areas.values():
                     if (seed / name).is_dir():
@@ -570,6 +573,8 @@ class DockerSandbox:
                     pass
             if self.ws is not None:
                 self.ws.close()
+            if self.client is not None:
+                self.client.close()
             _OPEN.discard(self)
 
     def __enter__(self) -> "DockerSandbox":

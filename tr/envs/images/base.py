@@ -192,14 +192,36 @@ def _image_exists(client, tag: str) -> bool:
         return False
 
 
-def ensure_base_image(rebuild: bool = False, log: Callable[[str], None] | None = None) -> str:
+_READY: set[str] = set()   # base tags known to exist (this process)
+_CLOSURE: list | None = None
+
+
+def ensure_base_image(rebuild: bool = False, log: Callable[[str], None] | None = None,
+                      client=None) -> str:
     """The tag of the base image, building it from host packages when absent."""
+    global _CLOSURE
     log = log or (lambda m: None)
-    client = docker_client()
-    packages = package_closure()
+    if _CLOSURE is None or rebuild:
+        _CLOSURE = package_closure()
+    packages = _CLOSURE
     tag = base_image_tag(packages)
-    if not rebuild and _image_exists(client, tag):
+    if tag in _READY and not rebuild:
         return tag
+    own_client = client is None
+    client = client or docker_client()
+    try:
+        if not rebuild and _image_exists(client, tag):
+            _READY.add(tag)
+            return tag
+        _build_base(client, tag, packages, log)
+    finally:
+        if own_client:
+            client.close()
+    _READY.add(tag)
+    return tag
+
+
+def _build_base(client, tag: str, packages: list, log: Callable[[str], None]) -> None:
     names = [p for p, _ in packages]
     log(f"building {tag} from {len(names)} host packages")
     files = _image_files(names)
@@ -212,7 +234,6 @@ def ensure_base_image(rebuild: bool = False, log: Callable[[str], None] | None =
                                           changes=IMPORT_CHANGES + [f"LABEL {LABEL}=base"])
     if not _image_exists(client, tag):
         raise RuntimeError(f"docker import did not produce {tag}")
-    return tag
 
 
 def build_task_image(dockerfile, context, log: Callable[[str], None] | None = None) -> str:
@@ -224,7 +245,14 @@ def build_task_image(dockerfile, context, log: Callable[[str], None] | None = No
     if not context.is_dir():
         raise FileNotFoundError(f"build context {context} is not a folder")
     client = docker_client()
-    base = ensure_base_image(log=log)
+    try:
+        return _build_task(client, dockerfile, context, log)
+    finally:
+        client.close()
+
+
+def _build_task(client, dockerfile: Path, context: Path, log: Callable[[str], None]) -> str:
+    base = ensure_base_image(log=log, client=client)
     stages: set[str] = set()
     lines = []
     for line in dockerfile.read_text().splitlines():
