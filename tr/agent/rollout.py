@@ -268,3 +268,59 @@ def run_rollouts(
     return RolloutResult(records=kept, cancelled=cancelled, not_started=not_started,
                          wall_s=time.monotonic() - t0, generation_calls=batcher.calls,
                          generation_s=batcher.busy_s, batch_sizes=list(batcher.batch_sizes))
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI: roll a policy out over a suite and write the records as a shard.
+
+def main(argv=None) -> int:
+    """``python -m tr.agent.rollout --policy scripted --group-size 4 --out DIR/shard-0.jsonl``."""
+    import argparse
+
+    from tr.agent.policies import ScriptedPolicy, load_model_policy
+    from tr.agent.records import write_shard
+    from tr.envs.tasks import load_suite
+
+    p = argparse.ArgumentParser(prog="python -m tr.agent.rollout",
+                                description="Roll a policy out over a task suite; write episode records (JSONL)")
+    p.add_argument("--policy", default="scripted", help="'scripted' or a model size ('tiny', untrained)")
+    p.add_argument("--out", required=True, help="shard path (.jsonl)")
+    p.add_argument("--suite", default=None)
+    p.add_argument("--tasks", nargs="*", default=None, help="only these task ids")
+    p.add_argument("--group-size", type=int, default=1, help="rollouts per task (G)")
+    p.add_argument("--keep-first", type=int, default=None, help="over-sampling: keep the first N")
+    p.add_argument("--mistake-prob", type=float, default=0.0, help="scripted: injected mistakes")
+    p.add_argument("--snapshot", action="store_true", help="snapshot before the verifier (ReTerm)")
+    p.add_argument("--backend", default="local", choices=("local", "docker"))
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--max-turns", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+
+    tasks = load_suite(args.suite)
+    if args.tasks:
+        unknown = sorted(set(args.tasks) - {t.id for t in tasks})
+        if unknown:
+            p.error(f"--tasks: unknown task id(s) {unknown}")
+        tasks = [t for t in tasks if t.id in set(args.tasks)]
+    if args.policy == "scripted":
+        from tr.models.tokenizer import ByteTokenizer
+
+        policy = ScriptedPolicy(tasks, mistake_prob=args.mistake_prob, seed=args.seed)
+        layout, budgets = ChatLayout(ByteTokenizer()), Budgets(max_turns=args.max_turns)
+    else:
+        policy = load_model_policy(args.policy, seed=args.seed)
+        layout, budgets = policy.layout, policy.budgets(256, max_turns=args.max_turns)
+    cfg = RolloutConfig(backend=args.backend, concurrency=args.concurrency, budgets=budgets,
+                        snapshot_before_verify=args.snapshot)
+    out = run_rollouts(group_specs(tasks, args.group_size, seed=args.seed), policy, layout, cfg,
+                       keep_first=args.keep_first)
+    n = write_shard(out.records, args.out)
+    passed = sum(bool(r.passed) for r in out.records)
+    print(f"wrote {n} episodes to {args.out} ({passed} passed, {len(out.cancelled)} cancelled, "
+          f"{out.wall_s:.1f}s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
