@@ -301,3 +301,15 @@ def test_progress_line_reports_done_pass_rate_and_rate():
     assert "1/3 episodes" in lines[1] and "pass 100.0%" in lines[1]
     assert "3/3 episodes" in lines[-1] and "pass  50.0%" in lines[-1] and "infra 1" in lines[-1]
     assert "steps/s" in lines[-1] and out.getvalue().endswith("\n")
+
+
+def test_output_budget_cuts_a_long_text_reply(tasks, layout):
+    long_reply = "THOUGHT: " + "very " * 200 + "long\nCOMMAND:\n```bash\nls\n```"
+    policy = Replies([long_reply])
+    rec = _run(tasks["easy"], policy, layout, Budgets(max_output_tokens=50, max_turns=1))
+    (turn,) = rec.turns
+    assert turn.finish_reason == "length" and turn.output_tokens == 50 and turn.kind == "format_error"
+    (action,) = [s for s in rec.segments if s.kind == "action"]
+    assert action.tokens == layout.tokenizer.encode(long_reply)[:50]  # cut, not closed ...
+    nxt = rec.segments[rec.segments.index(action) + 1]
+    assert nxt.tokens[0] == layout.tokenizer.eos_id  # ... the observation closes it
