@@ -99,8 +99,10 @@ def leftovers(owner_pid: int) -> dict:
     mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
               if prefix in line]
     cgs = []
-    for ctrl in ("pids", "freezer"):
-        base = Path("/sys/fs/cgroup", ctrl, "tr-sandboxes")
+    from tr.envs.cgroups import own_cgroup
+    for base in (Path("/sys/fs/cgroup/pids/tr-sandboxes"),
+                 Path("/sys/fs/cgroup/freezer/tr-sandboxes"),
+                 Path("/sys/fs/cgroup/memory", own_cgroup("memory"), "tr-sandboxes")):
         if base.is_dir():
             cgs += [str(p) for p in base.glob(prefix + "*")]
     containers, images = [], []

@@ -40,7 +40,8 @@ from tr.envs.images.base import LABEL, docker_client, ensure_base_image
 from tr.envs.sandbox import (CommandResult, SandboxConfig, SandboxError, Snapshot,
                              snapshot_fields)
 from tr.envs.shell import ShellProcess, ShellSession, run_to_eof
-from tr.envs.workspace import HostWorkspace, _proc_start_time, cp_tree, default_state_dir
+from tr.envs.workspace import (HostWorkspace, _proc_start_time, cp_tree, default_state_dir,
+                               reap_stale)
 
 OWNER_LABEL = "tr.owner"
 SNAP_REPO = "tr-snap"
@@ -184,10 +185,11 @@ class DockerSandbox:
         _OPEN.add(self)
         try:
             self.client = docker_client()
+            self.state_dir.mkdir(parents=True, exist_ok=True)
             if not _reaped:
                 _reaped = True
                 reap_stale_docker(self.client)
-            self.state_dir.mkdir(parents=True, exist_ok=True)
+                reap_stale(self.state_dir)
             self.ws = HostWorkspace(self.areas, self.config.disk_mb, self.state_dir)
             if _from_snapshot is not None:
                 self.image = _from_snapshot.image
