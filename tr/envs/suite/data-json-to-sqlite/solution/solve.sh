@@ -16,4 +16,4 @@ for o in orders:
     db.executemany("INSERT INTO order_items VALUES (?, ?, ?, ?)", [(o["id"], i["sku"], i["qty"], i["price"]) for i in o["items"]])
 db.commit()
 EOF
-sqlite3 /app/shop.db 'select count(*) from customers; select count(*) from orders; select count(*) from order_items;'
+python3 -c 'import sqlite3; db = sqlite3.connect("/app/shop.db"); print([db.execute("SELECT COUNT(*) FROM " + t).fetchone()[0] for t in ("customers", "orders", "order_items")])'

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 
-sqlite3 /app/app.db '.schema' 'PRAGMA user_version;' 'SELECT * FROM users LIMIT 3;'
+python3 -c 'import sqlite3, sys; db = sqlite3.connect(sys.argv[1]); print(db.execute("PRAGMA user_version").fetchone()[0]); [print(r) for q in sys.argv[2:] for r in db.execute(q)]' /app/app.db 'SELECT sql FROM sqlite_master' 'SELECT * FROM users LIMIT 3'
 
 cat > /app/migrate.py <<'EOF'
 import re
@@ -41,6 +41,6 @@ if __name__ == "__main__":
     migrate(sys.argv[1])
 EOF
 
-cp /app/app.db /tmp/copy.db && python3 /app/migrate.py /tmp/copy.db && python3 /app/migrate.py /tmp/copy.db && sqlite3 /tmp/copy.db 'SELECT * FROM users;' 'SELECT * FROM cities;' 'PRAGMA user_version;'
+cp /app/app.db /tmp/copy.db && python3 /app/migrate.py /tmp/copy.db && python3 /app/migrate.py /tmp/copy.db && python3 -c 'import sqlite3, sys; db = sqlite3.connect(sys.argv[1]); print(db.execute("PRAGMA user_version").fetchone()[0]); [print(r) for q in sys.argv[2:] for r in db.execute(q)]' /tmp/copy.db 'SELECT * FROM users' 'SELECT * FROM cities'
 
-python3 /app/migrate.py /app/app.db && sqlite3 /app/app.db 'PRAGMA user_version;' 'SELECT count(*) FROM users;'
+python3 /app/migrate.py /app/app.db && python3 -c 'import sqlite3, sys; db = sqlite3.connect(sys.argv[1]); print(db.execute("PRAGMA user_version").fetchone()[0]); [print(r) for q in sys.argv[2:] for r in db.execute(q)]' /app/app.db 'SELECT count(*) FROM users'

@@ -1,3 +1,11 @@
 #!/usr/bin/env bash
 
-sqlite3 -header -csv /app/sales.db "SELECT p.category AS category, SUM(s.qty) AS units, printf('%.2f', SUM(s.qty * s.unit_price)) AS revenue FROM sales s JOIN products p ON p.id = s.product_id GROUP BY p.category ORDER BY 3 DESC" > /app/report.csv
+python3 - <<'EOF'
+import csv, sqlite3
+db = sqlite3.connect("file:/app/sales.db?mode=ro", uri=True)
+rows = db.execute("SELECT p.category, SUM(s.qty), SUM(s.qty * s.unit_price) AS revenue FROM sales s JOIN products p ON p.id = s.product_id GROUP BY p.category ORDER BY revenue DESC").fetchall()
+with open("/app/report.csv", "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["category", "units", "revenue"])
+    w.writerows([c, u, "%.2f" % r] for c, u, r in rows)
+EOF
