@@ -14,7 +14,7 @@ import numpy as np
 
 from tr.rl import advantages
 
-# (action, observation) of a real episode of the built-in task "csv-to-json".
+# (action, observation) of a real episode of the built-in task "data-csv-to-json".
 EPISODE = (
         ("ls -la /app", "total 12\ndrwxr-xr-x 2 root root 4096 .\n-rw-r--r-- 1 root root 211 data.csv\n"),
         ("head -3 /app/data.csv", "id,name,score\n1,ada,91\n2,bob,78\n"),
