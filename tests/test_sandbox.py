@@ -205,6 +205,8 @@ def test_builtin_infinite_loop_times_out_and_shell_survives(sb):
     assert r.timed_out and r.exit_code is None and "timed out" in r.output
     r = sb.run("echo $((X+1))")
     assert r.output == "42\n" and not r.shell_restarted
+    assert sb.run("sleep 30", timeout_s=1).timed_out
+    assert sb.run("echo clean").output == "clean\n"     # no "Killed" job notice carried over
 
 
 def test_timeout_kills_the_whole_tree_but_not_earlier_jobs(sb):

@@ -231,6 +231,8 @@ class ShellSession:
             self.tracker.end(proc.pid)
             if scanner.leftover:
                 self.pending_output = scanner.leftover
+            if timed_out:
+                self._swallow_job_notices(proc)
         else:
             # The shell exited (``exit``) or ignored interrupts: it is replaced on the next run.
             if dead and not timed_out:
@@ -243,6 +245,24 @@ class ShellSession:
         return CommandResult(output=out.text(), exit_code=exit_code, timed_out=timed_out,
                              truncated=out.truncated, duration_s=time.monotonic() - t0,
                              output_bytes=out.total, shell_restarted=restarted)
+
+    def _swallow_job_notices(self, proc: ShellProcess) -> None:
+        """bash reports the jobs killed by a timeout ("line 6: 42 Killed ...") before it runs
+        the next line; run an empty line now so the notice does not open the next output."""
+        nonce = secrets.token_hex(12)
+        sink = _Scanner(CappedOutput(1), SENTINEL_PREFIX + nonce.encode() + b"_")
+        try:
+            proc.io.write(f"__tr_end {nonce}\n".encode())
+        except OSError:
+            return
+        deadline = time.monotonic() + 1.0
+        while not sink.done and time.monotonic() < deadline:
+            if _wait_readable(proc.io.fileno(), deadline - time.monotonic()):
+                data = proc.io.read_available()
+                if data is None:
+                    return
+                sink.feed(data)
+        self.pending_output = sink.leftover
 
     def kill_shell(self) -> None:
         """End the shell and every process it started."""
