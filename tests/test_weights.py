@@ -30,7 +30,8 @@ def _params(module):
 def _random_hf_tensors(c, seed=0):
     rng = np.random.default_rng(seed)
     d, hd = c.d_model, c.head_dim
-    t = {"model.embed_tokens.weight": rng.normal(size=(c.vocab_size, d)), "model.norm.weight": 1 + 0.1 * rng.normal(size=d),
+    t = {"model.embed_tokens.weight": rng.normal(size=(c.vocab_size, d)),
+         "model.norm.weight": 1 + 0.1 * rng.normal(size=d),
          "lm_head.weight": rng.normal(size=(c.vocab_size, d)) * 0.1}
     for i in range(c.n_layers):
         h = f"model.layers.{i}."

@@ -2,9 +2,11 @@
 
 The layout is ChatML (Qwen's chat template), built from special-token *ids*, never from parsing text:
 
-    turn 0 (prompt):   <|im_start|>system\\n{system}<|im_end|>\\n<|im_start|>user\\n{task}<|im_end|>\\n<|im_start|>assistant\\n
-    turn t action:     {the sampled ids, usually ending with <|im_end|>}                    actor_mask = True
-    turn t observation:[<|im_end|> if the action was cut off]\\n<|im_start|>user\\n{obs}<|im_end|>\\n<|im_start|>assistant\\n
+    turn 0 (prompt):    <|im_start|>system\\n{system}<|im_end|>\\n
+                        <|im_start|>user\\n{task}<|im_end|>\\n<|im_start|>assistant\\n
+    turn t action:      {the sampled ids, usually ending with <|im_end|>}        (actor_mask = True)
+    turn t observation: [<|im_end|> if the action was cut off]\\n
+                        <|im_start|>user\\n{obs}<|im_end|>\\n<|im_start|>assistant\\n
 
 Observation tokens carry the turn they answer and include the next assistant header, so the ids
 after turn t are exactly the prompt of turn t+1 (`next_prompt`). Action tokens are exactly the

@@ -79,13 +79,15 @@ def _hf_shape(name: str, c: ModelConfig) -> tuple[int, ...]:
 def decoder_mapping(config: ModelConfig, *, lm_head: bool = True, prefix: tuple[Any, ...] = ()) -> list[Converter]:
     """The mapping for a `Decoder` (paths relative to `prefix` inside the module)."""
     out: list[Converter] = [(prefix + ("embed_tokens",), "model.embed_tokens.weight", _same, _same)]
+    q_conv = (_heads_in_to_hf("n_heads"), _heads_in_from_hf("n_heads"))
+    kv_conv = (_heads_in_to_hf("n_kv_heads"), _heads_in_from_hf("n_kv_heads"))
     for i in range(config.n_layers):
         p, h = prefix + ("layers", i), f"model.layers.{i}."
         out += [
             (p + ("input_layernorm", "weight"), h + "input_layernorm.weight", _same, _same),
-            (p + ("self_attn", "q_proj"), h + "self_attn.q_proj.weight", _heads_in_to_hf("n_heads"), _heads_in_from_hf("n_heads")),
-            (p + ("self_attn", "k_proj"), h + "self_attn.k_proj.weight", _heads_in_to_hf("n_kv_heads"), _heads_in_from_hf("n_kv_heads")),
-            (p + ("self_attn", "v_proj"), h + "self_attn.v_proj.weight", _heads_in_to_hf("n_kv_heads"), _heads_in_from_hf("n_kv_heads")),
+            (p + ("self_attn", "q_proj"), h + "self_attn.q_proj.weight", *q_conv),
+            (p + ("self_attn", "k_proj"), h + "self_attn.k_proj.weight", *kv_conv),
+            (p + ("self_attn", "v_proj"), h + "self_attn.v_proj.weight", *kv_conv),
             (p + ("self_attn", "o_proj"), h + "self_attn.o_proj.weight", _o_to_hf, _o_from_hf),
             (p + ("self_attn", "q_norm", "weight"), h + "self_attn.q_norm.weight", _same, _same),
             (p + ("self_attn", "k_norm", "weight"), h + "self_attn.k_norm.weight", _same, _same),
@@ -162,8 +164,8 @@ def import_state_dict(model: nnx.Module, tensors: Mapping[str, np.ndarray], *, s
         value = np.asarray(tensors[hf_name])
         expected = _hf_shape(hf_name, config)
         if tuple(value.shape) != expected:
-            raise ValueError(f"{origin.get(hf_name, source)}: tensor {hf_name!r} has shape {tuple(value.shape)}, expected {expected} "
-                             f"for model {config.name!r}")
+            raise ValueError(f"{origin.get(hf_name, source)}: tensor {hf_name!r} has shape {tuple(value.shape)}, "
+                             f"expected {expected} for model {config.name!r}")
         var = variables[path]
         target_dtype = np.asarray(var.get_value()).dtype
         updates.append((path, var.replace(np.asarray(from_hf(value, config)).astype(target_dtype))))
