@@ -270,13 +270,16 @@ def test_gigabyte_of_output_is_capped_in_bounded_memory(sb):
     assert grown_mb < 64, f"reading 1 GB grew the host process by {grown_mb:.0f} MB"
 
 
-def test_filling_the_disk_stops_at_the_limit(sb):
+def test_filling_the_disk_stops_at_the_limit(sb, backend):
     r = sb.run("dd if=/dev/zero of=/app/fill bs=1M count=200 2>&1; echo rc=$?", timeout_s=60)
     assert "No space left" in r.output and "rc=0" not in r.output
     size = int(sb.run("stat -c %s /app/fill").output)
     assert size <= 64 * 1024 * 1024
     r = sb.run("head -c 10000000 /dev/zero > /tmp/more; echo rc=$?")
     assert "rc=1" in r.output                     # /tmp shares the same limit
+    if backend == "local":                        # and so does /dev/shm
+        r = sb.run("head -c 10000000 /dev/zero > /dev/shm/more; echo rc=$?; rm /dev/shm/more")
+        assert "rc=1" in r.output
     r = sb.run("rm -f /app/fill /tmp/more && echo fine > /app/x && cat /app/x")
     assert r.output == "fine\n"
 
@@ -284,7 +287,7 @@ def test_filling_the_disk_stops_at_the_limit(sb):
 def test_writes_outside_the_writable_areas_do_not_reach_the_host(sb, backend):
     token = secrets.token_hex(6)
     targets = [f"/usr/tr-{token}", f"/usr/bin/tr-{token}", f"/tr-{token}", f"/var/tr-{token}",
-               f"/etc/tr-{token}"]
+               f"/dev/tr-{token}", f"/etc/tr-{token}"]
     r = sb.run("; ".join(f"{{ echo x > {t}; }} 2>/dev/null && echo WROTE {t}" for t in targets))
     for t in targets:
         assert not os.path.exists(t), f"{t} appeared on the host"

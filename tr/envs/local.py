@@ -2,7 +2,7 @@
 
 Layout inside: host ``/usr`` (and the merged-/usr links ``/bin``, ``/lib*``, ``/sbin``) read-only;
 ``/proc`` and a minimal ``/dev`` of its own; writable ``/app`` (the workdir), ``/root`` (home),
-``/tmp``, ``/logs`` (verifier results) and a copy of the host ``/etc`` (secrets such as shadow files and ssh keys left out), all
+``/tmp``, ``/logs`` (verifier results), ``/dev/shm`` and a copy of the host ``/etc`` (secrets such as shadow files and ssh keys left out), all
 folders of one size-limited tmpfs (:mod:`tr.envs.workspace`).  Nothing else of the host exists
 inside (no ``/work``, no host ``/root``).  All namespaces are unshared, capabilities dropped,
 ``--die-with-parent`` and ``--new-session``.
@@ -105,7 +105,7 @@ class LocalSandbox:
         self.config = config
         self.state_dir = Path(config.state_dir) if config.state_dir else default_state_dir()
         self.areas = {config.workdir: "app", "/root": "home", "/tmp": "tmp", "/etc": "etc",
-                      "/logs": "logs"}
+                      "/logs": "logs", "/dev/shm": "shm"}
         if config.workdir in ("/root", "/tmp", "/etc", "/logs") or config.workdir == "/":
             raise ValueError(f"SandboxConfig.workdir {config.workdir!r} collides with a "
                              "built-in writable area")
@@ -175,7 +175,9 @@ class LocalSandbox:
                  "--bind", ws.host_dir("tmp"), "/tmp",
                  "--bind", ws.host_dir("logs"), "/logs",
                  "--bind", ws.host_dir("app"), cfg.workdir,
-                 "--dir", "/var", "--symlink", "../tmp", "/var/tmp"]
+                 "--dir", "/var", "--symlink", "../tmp", "/var/tmp",
+                 # /dev/shm on the size-limited tmpfs; the rest of /dev read-only
+                 "--bind", ws.host_dir("shm"), "/dev/shm", "--remount-ro", "/dev"]
         for src, dst in etc_binds:
             args += ["--ro-bind", str(src), str(dst)]
         for src, dst in extra_ro_binds:

@@ -153,8 +153,9 @@ class HostWorkspace:
         self.disk_limited = _mount_tmpfs(str(self.w), disk_mb)
         for name in self.areas.values():
             (self.w / name).mkdir(exist_ok=True)
-        if "tmp" in self.areas.values():
-            (self.w / "tmp").chmod(0o1777)
+        for name in ("tmp", "shm"):
+            if name in self.areas.values():
+                (self.w / name).chmod(0o1777)
         (self.root / "snaps").mkdir()
         self.closed = False
         self.trusted: dict[str, dict] = {}
