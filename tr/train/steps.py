@@ -24,8 +24,9 @@ ReTerm token weights), so the accumulated gradient
 
 **Critic targets** (`critic`, `ppo`): the current critic's values `V_old` on the whole batch, then
 TB-GAE (`tr.rl.advantages.tb_gae`, `γ_turn`, `λ_turn`) gives advantages `A` and returns `G = A +
-V_old`. Explained variance `EV = 1 − Var(G − V_old)/Var(G)` over `actor_mask` is logged at every
-critic update (`critic/explained_variance`), and after the update too (`critic/ev_after`).
+V_old`. Explained variance `EV = 1 − Var(G − V_old)/Var(G)` over `actor_mask` (the critic's
+values before the update against the targets it is trained on) is logged at every critic update
+(`critic` and `ppo` steps) as `critic/explained_variance`.
 
 Optimizers are optax chains built from an ml_collections config (`default_config`): clip by global
 norm, then AdamW on a learning-rate schedule; actor and critic have their own.
@@ -43,7 +44,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from jaxtyping import Array, Float
+from jaxtyping import Array, Bool, Float
 
 from tr.rl import advantages as adv_lib
 from tr.rl import losses
@@ -347,7 +348,7 @@ def ppo_update(state: TrainState, batch: Batch, *, actor_logprobs: ActorFn,
     return new_state, metrics
 
 
-def grpo_advantages_for_rows(rewards: Float[Array, "b l"], actor_mask, group_size: int,
+def grpo_advantages_for_rows(rewards: Float[Array, "b l"], actor_mask: Bool[Array, "b l"], group_size: int,
                              std_eps: float) -> Float[Array, "b l"]:
     """GRPO advantages of rows laid out in consecutive groups of `group_size` rollouts.
 
