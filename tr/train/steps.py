@@ -348,8 +348,8 @@ def ppo_update(state: TrainState, batch: Batch, *, actor_logprobs: ActorFn,
     return new_state, metrics
 
 
-def grpo_advantages_for_rows(rewards: Float[Array, "b l"], actor_mask: Bool[Array, "b l"], group_size: int,
-                             std_eps: float) -> Float[Array, "b l"]:
+def grpo_advantages_for_rows(rewards: Float[Array, "b l"], actor_mask: Bool[Array, "b l"],
+                             group_size: int, std_eps: float) -> Float[Array, "b l"]:
     """GRPO advantages of rows laid out in consecutive groups of `group_size` rollouts.
 
     Row reward `R_r = Σ_l rewards[r, l]`; `Â = (R − mean_g R)/(std_g R + δ)` per group
