@@ -201,6 +201,8 @@ class StageStore:
             raise CheckpointError(f"stage {self.stage!r} was opened read-only; cannot create it")
         self.stage_dir.mkdir(parents=True, exist_ok=True)
         _write_json_atomically(self.manifest_path, manifest)
+        if jax.process_count() > 1:   # every host reads stage.json (e.g. the critic guard)
+            multihost_utils.sync_global_devices(f"tr.train.checkpoint.create:{self.stage}")
         return manifest
 
     # -- checkpoints ------------------------------------------------------------------------------
