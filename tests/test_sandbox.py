@@ -593,3 +593,30 @@ def test_without_cgroups_timeouts_still_kill_the_tree(monkeypatch):
         assert box.run("echo $X; ulimit -v").output == f"1\n{512 * 1024}\n"
     assert wait_until(lambda: not host_pids_with(keep))
     assert leftovers(os.getpid()) == NOTHING
+
+
+def test_owner_killed_with_sigkill_is_cleaned_up(backend):
+    """kill -9 of the owner: locally --die-with-parent stops the processes at once; the folders,
+    mounts, cgroups (and containers) are reaped by the next process that starts a sandbox."""
+    token = unique_sleep()
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, backend, token, "sigint"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout.readline().strip() == "READY", proc.stderr.read()
+    proc.kill()
+    proc.wait()
+    if backend == "local":
+        assert wait_until(lambda: not host_pids_with(token))
+    assert leftovers(proc.pid) != NOTHING                 # nobody could clean up yet
+    from tr.envs.local import reap_stale_cgroups
+    from tr.envs.workspace import reap_stale
+    reap_stale(default_state_dir())
+    reap_stale_cgroups()
+    if backend == "docker":
+        from tr.envs.docker_sandbox import reap_stale_docker
+        from tr.envs.images.base import docker_client
+        client = docker_client()
+        reap_stale_docker(client)
+        client.close()
+    assert wait_until(lambda: not host_pids_with(token))
+    assert leftovers(proc.pid) == NOTHING
