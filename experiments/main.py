@@ -63,10 +63,11 @@ def main(argv):
     (workdir / "config.json").write_text(config.to_json_best_effort(indent=2, sort_keys=True))
     try:
         run = registry.resolve(config.job)
-    except registry.UnknownJobError as error:
-        raise app.UsageError(str(error)) from None
-    logging.info("job %s -> %s", config.job, workdir)
-    run(config, workdir)
+        logging.info("job %s -> %s", config.job, workdir)
+        run(config, workdir)
+    except registry.ConfigError as error:
+        sys.stderr.write(f"error: {error}\n")
+        sys.exit(2)
 
 
 if __name__ == "__main__":

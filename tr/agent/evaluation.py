@@ -157,6 +157,27 @@ def evaluate(
     return results
 
 
+def build_policies(names: Sequence[str], tasks: Sequence, *, seed: int = 0,
+                   max_turns: int | None = None, model_max_turns: int | None = None,
+                   model_output_tokens: int = 256) -> tuple[dict[str, Policy], dict[str, Budgets]]:
+    """Policies by name with the budgets each needs: 'scripted' (the reference-solution teacher,
+    the task's own turn cap unless `max_turns`) or a model size such as 'tiny' (untrained; budgets
+    that fit its sampler, turns capped at `model_max_turns`, else `max_turns`)."""
+    from tr.agent.policies import ScriptedPolicy, load_model_policy
+
+    policies, budgets = {}, {}
+    for name in names:
+        if name == "scripted":
+            policies[name] = ScriptedPolicy(tasks, seed=seed)
+            budgets[name] = Budgets(max_turns=max_turns)
+        else:
+            policy = load_model_policy(name, seed=seed)
+            policies[name] = policy
+            budgets[name] = policy.budgets(model_output_tokens,
+                                           max_turns=model_max_turns or max_turns)
+    return policies, budgets
+
+
 def main(argv=None) -> int:
     """``python -m tr.agent.evaluation --policies scripted tiny --k 3 --workdir DIR``."""
     import argparse
@@ -177,7 +198,6 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
 
-    from tr.agent.policies import ScriptedPolicy, load_model_policy
     from tr.envs.tasks import load_suite
 
     tasks = load_suite(args.suite)
@@ -186,15 +206,9 @@ def main(argv=None) -> int:
         if unknown:
             p.error(f"--tasks: unknown task id(s) {unknown}")
         tasks = [t for t in tasks if t.id in set(args.tasks)]
-    policies, budgets = {}, {}
-    for name in args.policies:
-        if name == "scripted":
-            policies[name] = ScriptedPolicy(tasks, seed=args.seed)
-            budgets[name] = Budgets(max_turns=args.max_turns)
-        else:
-            policy = load_model_policy(name, seed=args.seed)
-            policies[name] = policy
-            budgets[name] = policy.budgets(args.model_output_tokens, max_turns=args.max_turns)
+    policies, budgets = build_policies(args.policies, tasks, seed=args.seed,
+                                       max_turns=args.max_turns,
+                                       model_output_tokens=args.model_output_tokens)
     results = evaluate(policies, tasks, k=args.k, workdir=args.workdir,
                        backend=args.backend, concurrency=args.concurrency, budgets=budgets,
                        seed=args.seed)

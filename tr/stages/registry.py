@@ -10,7 +10,11 @@ JOBS: dict[str, str] = {
 }
 
 
-class UnknownJobError(ValueError):
+class ConfigError(ValueError):
+    """A config field holds a value the job cannot use; the message names the field."""
+
+
+class UnknownJobError(ConfigError):
     """The config names a job that does not exist."""
 
 

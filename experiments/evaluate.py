@@ -1,0 +1,44 @@
+"""The main job: evaluate policies on the built-in suite in the local sandbox (SPEC §6).
+
+  bash launch/run.sh                                   # default variant
+  python experiments/main.py --config=experiments/evaluate.py:scripted --workdir=/tmp/eval
+
+Reports Mean@k and Pass@1 by family and tier for the scripted teacher (replays each task's
+reference solution) and the untrained tiny model, writes WORKDIR/eval.json, eval.txt, the episode
+records (JSONL shards that `python -m tr.rewards.rescore` and the grain pipeline read).
+
+Variants: `default` (scripted + tiny, k = 3), `scripted`, `tiny_model`, `quick` (k = 1, a few
+tasks: a smoke test), `docker` (the default on the Docker backend).
+"""
+
+import ml_collections
+
+VARIANTS = ("default", "scripted", "tiny_model", "quick", "docker")
+
+
+def get_config(variant: str = "default"):
+    if variant not in VARIANTS:
+        raise ValueError(f"experiments/evaluate.py: unknown variant {variant!r}; choose one of {VARIANTS}")
+    config = ml_collections.ConfigDict()
+    config.job = "evaluate"
+    config.seed = 0
+    config.eval = ml_collections.ConfigDict()
+    config.eval.policies = ("scripted", "tiny")  # 'scripted' and/or a model size from tr/models/config.py
+    config.eval.k = 3
+    config.eval.suite = ""  # a task directory tree; "" = the built-in suite
+    config.eval.tasks = ()  # only these task ids; () = all
+    config.eval.backend = "local"
+    config.eval.concurrency = 4
+    config.eval.max_turns = 0  # 0 = each task's own turn cap
+    config.eval.model_max_turns = 4  # the untrained model rarely stops by itself: keep its episodes short
+    config.eval.model_output_tokens = 96
+    if variant == "scripted":
+        config.eval.policies = ("scripted",)
+    elif variant == "tiny_model":
+        config.eval.policies = ("tiny",)
+    elif variant == "quick":
+        config.eval.k = 1
+        config.eval.tasks = ("ft-normalize-whitespace", "log-status-summary", "data-csv-to-json")
+    elif variant == "docker":
+        config.eval.backend = "docker"
+    return config
