@@ -6,9 +6,14 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${TR_PYTHON:-python3.11}"
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 
+# Debian packages: bubblewrap for the local sandbox; the userland the built-in tasks use inside
+# it (and that the Docker base image is assembled from); python3 for Debian's interpreter in images.
+DEBIAN_PACKAGES=(bubblewrap git make gcc libc6-dev binutils patch procps util-linux python3
+                 python3-venv jq sqlite3)
 need_apt=()
-command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
-command -v git >/dev/null 2>&1 || need_apt+=(git)
+for pkg in "${DEBIAN_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
+done
 if [ "${#need_apt[@]}" -gt 0 ]; then
   echo "[setup] installing Debian packages: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
