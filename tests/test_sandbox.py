@@ -620,3 +620,111 @@ def test_owner_killed_with_sigkill_is_cleaned_up(backend):
         client.close()
     assert wait_until(lambda: not host_pids_with(token))
     assert leftovers(proc.pid) == NOTHING
+
+
+# ----------------------------------------------------------------------------- two processes
+
+def reap_everything() -> None:
+    """What a process starting its first sandbox does: every reaper, local and docker."""
+    from tr.envs.local import reap_stale_cgroups
+    from tr.envs.workspace import reap_stale
+    reap_stale(default_state_dir())
+    reap_stale_cgroups()
+    try:
+        from tr.envs.images.base import docker_client
+        client = docker_client()
+    except Exception:  # noqa: BLE001 - no engine: nothing of docker to reap
+        return
+    try:
+        from tr.envs.docker_sandbox import reap_stale_docker
+        reap_stale_docker(client)
+    finally:
+        client.close()
+
+
+HOLDER = textwrap.dedent("""\
+    import sys
+    from tr.envs.sandbox import make_sandbox, SandboxConfig
+    backend, token = sys.argv[1], sys.argv[2]
+    with make_sandbox(backend, SandboxConfig(memory_mb=256, disk_mb=32)) as box:
+        box.run(f"echo kept > /app/x; sleep {token} &")
+        snap = box.snapshot()
+        print("READY", flush=True)
+        sys.stdin.readline()
+        print(box.run("cat /app/x").output.strip(), flush=True)
+        box.run("echo changed > /app/x")
+        box.restore(snap)
+        print(box.run("cat /app/x").output.strip(), flush=True)
+""")
+
+
+def test_reapers_spare_live_sandboxes_of_another_process(backend):
+    """Another live process's sandbox (folders, mounts, cgroups, container, snapshot image) is
+    not reaped by this process's stale-resource reapers; it keeps working."""
+    token = unique_sleep()
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, backend, token],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert proc.stdout.readline().strip() == "READY", proc.stderr.read()
+        before = leftovers(proc.pid)
+        assert before["dirs"] and (before["containers"] if backend == "docker" else True)
+        reap_everything()
+        assert leftovers(proc.pid) == before
+        assert host_pids_with(token)
+        out, err = proc.communicate("go\n", timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert out.split() == ["kept", "kept"]
+    assert wait_until(lambda: not host_pids_with(token))
+    assert leftovers(proc.pid) == NOTHING
+
+
+CHURN = textwrap.dedent("""\
+    import sys, time
+    from tr.envs.docker_sandbox import _owner_labels
+    from tr.envs.images.base import docker_client, ensure_base_image
+    client = docker_client()
+    image = ensure_base_image(client=client)
+    live, cycles = [], 0
+    print("READY", flush=True)
+    deadline = time.monotonic() + float(sys.argv[1])
+    while time.monotonic() < deadline:
+        live.append(client.api.create_container(image, command=["true"], network_disabled=True,
+                                                labels=_owner_labels("sandbox"))["Id"])
+        if len(live) > 6:
+            client.api.remove_container(live.pop(0))   # fails if anyone else removed it
+            cycles += 1
+    for cid in live:
+        client.api.remove_container(cid)
+    print("CYCLES", cycles, flush=True)
+""")
+
+
+def test_reaping_races_no_live_owner_of_another_process(docker_problem):
+    """Two processes at once: one keeps creating and removing its labelled containers, the other
+    reaps stale resources in a loop.  The reaper never fails ("No such container" from a
+    container removed between listing and inspecting it) and never removes a live one."""
+    if docker_problem:
+        pytest.skip(f"NO DOCKER ENGINE ANSWERS: {docker_problem}")
+    from tr.envs.docker_sandbox import reap_stale_docker
+    from tr.envs.images.base import docker_client
+    proc = subprocess.Popen([sys.executable, "-c", CHURN, "4"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    client = docker_client()
+    reaps = 0
+    try:
+        assert proc.stdout.readline().strip() == "READY", proc.stderr.read()
+        while proc.poll() is None:
+            assert reap_stale_docker(client) == 0
+            reaps += 1
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        client.close()
+    assert proc.returncode == 0, err
+    assert int(out.split()[-1]) > 10 and reaps > 10, (out, reaps)
+    assert leftovers(proc.pid) == NOTHING

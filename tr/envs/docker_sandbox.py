@@ -40,8 +40,8 @@ from tr.envs.images.base import LABEL, docker_client, ensure_base_image
 from tr.envs.sandbox import (CommandResult, SandboxConfig, SandboxError, Snapshot,
                              snapshot_fields)
 from tr.envs.shell import ShellProcess, ShellSession, run_to_eof
-from tr.envs.workspace import (HostWorkspace, _proc_start_time, cp_tree, default_state_dir,
-                               reap_stale)
+from tr.envs.workspace import (HostWorkspace, cp_tree, default_state_dir, host_scope,
+                               owner_id, owner_is_dead, reap_stale)
 
 OWNER_LABEL = "tr.owner"
 SNAP_REPO = "tr-snap"
@@ -62,8 +62,12 @@ def _close_all() -> None:
             pass
 
 
-def _owner() -> str:
-    return f"{os.getpid()}-{_proc_start_time(os.getpid())}"
+SCOPE_LABEL = "tr.scope"
+
+
+def _owner_labels(kind: str) -> dict:
+    """Labels of a container/image this process makes: what it is, who owns it, where."""
+    return {LABEL: kind, OWNER_LABEL: owner_id(), SCOPE_LABEL: host_scope()}
 
 
 def remove_image(image: str) -> None:
@@ -77,22 +81,37 @@ def remove_image(image: str) -> None:
         client.close()
 
 
-def reap_stale_docker(client) -> None:
-    """Remove containers and non-persistent snapshot images of processes that died uncleanly."""
-    for c in client.containers.list(all=True, filters={"label": f"{LABEL}=sandbox"}):
-        owner = c.labels.get(OWNER_LABEL, "")
-        pid, _, start = owner.partition("-")
-        if pid.isdigit() and _proc_start_time(int(pid)) != start:
-            c.remove(force=True)
-    for img in client.images.list(filters={"label": f"{LABEL}=snapshot"}):
-        labels = img.labels or {}
-        pid, _, start = labels.get(OWNER_LABEL, "").partition("-")
-        if labels.get("tr.persistent") != "1" and pid.isdigit() and \
-                _proc_start_time(int(pid)) != start:
+def _stale(labels: dict | None) -> bool:
+    labels = labels or {}
+    return owner_is_dead(labels.get(OWNER_LABEL), labels.get(SCOPE_LABEL))
+
+
+def reap_stale_docker(client) -> int:
+    """Remove containers and non-persistent snapshot images whose owner process is dead (killed
+    -9 before it could clean up).  Resources of live owners -- other processes using sandboxes
+    right now -- are never touched.  Safe against concurrent owners and reapers: one listing
+    call each (no per-container inspect that a concurrent removal turns into "No such
+    container"), and a resource already gone or being removed is skipped.  Returns the number
+    removed."""
+    import docker
+    removed = 0
+    for c in client.api.containers(all=True, filters={"label": LABEL}):
+        labels = c.get("Labels") or {}
+        if labels.get(LABEL) in ("sandbox", "seed") and _stale(labels):
             try:
-                client.images.remove(img.id, force=True)
-            except Exception:
+                client.api.remove_container(c["Id"], force=True)
+                removed += 1
+            except docker.errors.APIError:   # gone meanwhile, or already being removed
                 pass
+    for img in client.api.images(filters={"label": f"{LABEL}=snapshot"}):
+        labels = img.get("Labels") or {}
+        if labels.get("tr.persistent") != "1" and _stale(labels):
+            try:
+                client.api.remove_image(img["Id"], force=True)
+                removed += 1
+            except docker.errors.APIError:
+                pass
+    return removed
 
 
 class SocketIO:
@@ -217,7 +236,7 @@ class DockerSandbox:
             tmp = Path(str(dest) + f".{os.getpid()}.{secrets.token_hex(3)}")
             tmp.mkdir(parents=True)
             c = self.client.containers.create(img.id, command=["true"], network_mode="none",
-                                              labels={LABEL: "seed", OWNER_LABEL: _owner()})
+                                              labels=_owner_labels("seed"))
             try:
                 for path, name in self.areas.items():
                     (tmp / name).mkdir()
@@ -258,7 +277,7 @@ class DockerSandbox:
             pids_limit=cfg.pids, nano_cpus=int(cfg.cpus * 1e9), ulimits=ulimits,
             mounts=mounts, environment=env, working_dir=cfg.workdir,
             cap_drop=["NET_RAW", "MKNOD", "AUDIT_WRITE"], security_opt=["no-new-privileges"],
-            labels={LABEL: "sandbox", OWNER_LABEL: _owner()})
+            labels=_owner_labels("sandbox"))
         self.container.start()
         cid = self.container.id
         parents = {c: cgroups.CGROUP_V1 / c / "docker" / cid for c in ("pids", "freezer")}
@@ -480,7 +499,7 @@ class DockerSandbox:
         try:
             img = self.container.commit(
                 repository=SNAP_REPO, tag=sid, pause=False,
-                conf={"Labels": {LABEL: "snapshot", OWNER_LABEL: _owner(),
+                conf={"Labels": {**_owner_labels("snapshot"),
                                  "tr.persistent": "1" if persist else "0"}})
             if not persist:
                 self.images.append(img.id)

@@ -479,7 +479,7 @@ def _grandchild(proc: subprocess.Popen, timeout_s: float = 5.0) -> int:
 
 def reap_stale_cgroups() -> None:
     """Remove empty cgroups left by sandboxes of processes killed with -9."""
-    from tr.envs.workspace import _proc_start_time
+    from tr.envs.workspace import owner_is_dead
     root = cgroups.CGROUP_V1
     dirs = [root / "pids" / CGROUP_GROUP, root / "freezer" / CGROUP_GROUP,
             root / "memory" / cgroups.own_cgroup("memory") / CGROUP_GROUP]
@@ -493,7 +493,7 @@ def reap_stale_cgroups() -> None:
                 pid_s, start, _ = entry.name[len("tr-sbx-"):].split("-", 2)
             except ValueError:
                 continue
-            if _proc_start_time(int(pid_s)) == start:
+            if not owner_is_dead(f"{pid_s}-{start}"):
                 continue
             for sub in sorted(entry.glob("*/"), reverse=True):
                 try:

@@ -77,6 +77,40 @@ def _proc_start_time(pid: int) -> str | None:
         return None
 
 
+def owner_id(pid: int | None = None) -> str:
+    """``<pid>-<start time in clock ticks>``: names a process uniquely on this boot (a reused
+    pid has another start time).  Recorded on everything a sandbox leaves on the host."""
+    pid = os.getpid() if pid is None else pid
+    return f"{pid}-{_proc_start_time(pid)}"
+
+
+def host_scope() -> str:
+    """``<boot id>/<pid namespace>``: where owner ids can be checked.  A resource recorded in
+    another scope (another machine or pid namespace sharing the Docker engine) is never judged
+    dead from here."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = "?"
+    try:
+        ns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        ns = "?"
+    return f"{boot}/{ns}"
+
+
+def owner_is_dead(owner: str | None, scope: str | None = None) -> bool:
+    """True only when ``owner`` (an :func:`owner_id`) is known to have exited: its pid is gone
+    or now belongs to a process started at another time.  Unparseable owners and owners of
+    another :func:`host_scope` are never called dead, so their resources are left alone."""
+    if scope is not None and scope != host_scope():
+        return False
+    pid_s, _, start = (owner or "").partition("-")
+    if not pid_s.isdigit() or not start:
+        return False
+    return _proc_start_time(int(pid_s)) != start
+
+
 def default_state_dir() -> Path:
     return Path(os.environ.get("TR_SANDBOX_STATE_DIR") or
                 Path(os.environ.get("TMPDIR", "/tmp")) / "tr-sandboxes")
@@ -92,10 +126,9 @@ def reap_stale(state_dir: Path) -> int:
             continue
         try:
             pid_s, start, _ = entry.name[len(ROOT_PREFIX):].split("-", 2)
-            alive = _proc_start_time(int(pid_s)) == start
         except ValueError:
             continue
-        if not alive:
+        if owner_is_dead(f"{pid_s}-{start}"):
             remove_tree(entry)
             removed += 1
     return removed
@@ -146,7 +179,7 @@ class HostWorkspace:
         self.state_dir = Path(state_dir) if state_dir else default_state_dir()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         me = os.getpid()
-        self.root = self.state_dir / f"{ROOT_PREFIX}{me}-{_proc_start_time(me)}-{secrets.token_hex(6)}"
+        self.root = self.state_dir / f"{ROOT_PREFIX}{owner_id(me)}-{secrets.token_hex(6)}"
         self.root.mkdir()
         self.w = self.root / "w"
         self.w.mkdir()
