@@ -146,3 +146,27 @@ def test_bad_arguments_are_named(box, tmp_path):
                                output_dir=tmp_path)
     with pytest.raises(ValueError, match="timeout_s"):
         protected.run_verifier(box, tmp_path, "true", timeout_s=0, output_dir=tmp_path)
+
+
+def test_agent_scripts_run_by_the_tests_keep_their_own_folder_on_sys_path(box, tmp_path):
+    """The verifier's pytest runs with ``-P`` (cwd not on sys.path), but processes the tests
+    start see a normal Python: ``python3 script.py`` imports modules beside the script and
+    ``python3 -c`` imports from its cwd -- as when the agent ran them."""
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test_scripts.py").write_text(textwrap.dedent("""\
+        import subprocess
+        def test_script_imports_its_neighbour():
+            r = subprocess.run(["python3", "/app/main.py"], capture_output=True, text=True)
+            assert r.stdout == "helper says hi\\n", r.stderr
+        def test_dash_c_imports_from_cwd():
+            r = subprocess.run(["python3", "-c", "import helper; print(helper.NAME)"],
+                               cwd="/app", capture_output=True, text=True)
+            assert r.stdout == "helper\\n", r.stderr
+        """))
+    box.run("printf 'NAME = \"helper\"\\n' > /app/helper.py && "
+            "printf 'import helper\\nprint(helper.NAME, \"says hi\")\\n' > /app/main.py && "
+            "mkdir -p /app/pytest && echo 'raise SystemExit(0)' > /app/pytest/__init__.py")
+    command = COMMAND.replace("/tests/test_answer.py", "/tests/test_scripts.py")
+    result = protected.run_verifier(box, tests, command, timeout_s=60, output_dir=tmp_path / "o")
+    assert result.exit_code == 0 and "2 passed" in result.output, result.output

@@ -16,6 +16,10 @@ Order (the caller takes the pre-verifier snapshot first, e.g. ``Sandbox.snapshot
    with the project's site-packages as its site-packages (local: only in the verifier's tree,
    loader config from the pristine /etc; Docker: mounted at container creation).
    ``PYTEST_ADDOPTS=--confcutdir=<tests>`` keeps conftest.py files outside the tests unread.
+   The command must start pytest as ``"$TR_PYTHON" -P -m pytest`` (``-P``: the cwd, where the
+   agent may plant ``pytest.py``, is not on ``sys.path``).  The flag is not put in the
+   environment (``PYTHONSAFEPATH``): every process the tests start would inherit it, and an
+   agent's ``python3 script.py`` run by a test would lose its script folder from ``sys.path``.
 5. The results folder is copied out to ``output_dir`` without following links (links skipped).
 
 What this does not stop: code of the agent that the tests themselves import runs inside the test
@@ -49,7 +53,6 @@ def verifier_env(python: str, tests_mount: str) -> dict:
         "TERM": "dumb",
         "TR_PYTHON": python,
         "PYTHONNOUSERSITE": "1",
-        "PYTHONSAFEPATH": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
         "PYTEST_ADDOPTS": f"--confcutdir={tests_mount} -p no:cacheprovider",
