@@ -53,3 +53,33 @@ def test_task_image_from_a_dockerfile_whose_base_cannot_be_pulled(docker_problem
 def test_missing_dockerfile_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="Dockerfile"):
         images.build_task_image(tmp_path / "Dockerfile", tmp_path)
+
+
+def test_base_image_has_what_the_suite_uses(docker_problem):
+    """The built-in suite's tools work in the base image (tr/envs/suite/README.md): a C program
+    compiled, archived into a static library and linked with make; a git commit; a venv; patch,
+    flock, setsid, ps, file."""
+    if docker_problem:
+        pytest.skip(f"NO DOCKER ENGINE ANSWERS: {docker_problem}")
+    script = textwrap.dedent("""\
+        set -e
+        for t in %s; do command -v "$t" >/dev/null || { echo "missing $t"; exit 1; }; done
+        cd /tmp && echo 'int twice(int x) { return 2 * x; }' > lib.c
+        cat > m.c <<'C'
+        #include <stdio.h>
+        int twice(int);
+        int main(void) { printf("%%d\\n", twice(21)); return 0; }
+        C
+        printf 'm: m.o libt.a\\n\\tcc -o m m.o -L. -lt\\nlibt.a: lib.o\\n\\tar rcs $@ $^\\n' > Makefile
+        make -s && ./m
+        git init -q r && cd r && git config user.email a@b && git config user.name a
+        echo x > f && git add f && git commit -qm one && git log --format=%%s
+        cd /tmp && python3 -m venv --without-pip v && v/bin/python -c 'import sys; print(sys.prefix)'
+        echo a > p && echo b > q && ! diff -u p q > d && patch -s p d && cat p
+        flock /tmp/lk true && setsid true && ps -o comm= -p $$ && file -b /tmp/m | cut -d, -f1
+        """) % " ".join(images.SUITE_TOOLS)
+    with make_sandbox("docker", SandboxConfig(disk_mb=128)) as box:
+        r = box.run(script, timeout_s=120)
+    assert r.exit_code == 0, r.output
+    assert r.output.split("\n")[:6] == ["42", "one", "/tmp/v", "b", "bash",
+                                         "ELF 64-bit LSB pie executable"], r.output

@@ -33,7 +33,11 @@ BASE_PACKAGES = (
     "findutils", "grep", "gzip", "hostname", "libc-bin", "mawk", "ncurses-base", "ncurses-bin",
     "procps", "sed", "tar", "util-linux", "bzip2", "xz-utils", "less", "patch", "file", "make",
     "python3", "python3.11", "ca-certificates",
+    # what the built-in suite's tasks use (tr/envs/suite/README.md): compilers for build-*,
+    # git for git-*, venv for py-venv-*; libc6-dev is only a Recommends of gcc, so it is named.
+    "git", "gcc", "binutils", "libc6-dev", "python3-venv",
 )
+SUITE_TOOLS = ("git", "gcc", "cc", "make", "ar", "patch", "flock", "setsid", "ps", "file")
 IMAGE_DIRS = {"/tmp": 0o1777, "/var/tmp": 0o1777, "/root": 0o700, "/app": 0o755,
               "/logs": 0o755, "/home": 0o755, "/run": 0o755, "/proc": 0o555, "/sys": 0o555,
               "/dev": 0o755, "/opt": 0o755, "/mnt": 0o755, "/srv": 0o755,
