@@ -18,6 +18,26 @@
   the container with one from the snapshot image; ``fork`` starts a new one.  Every container and
   snapshot image is labelled ``tr.managed`` and removed on close (persistent snapshots: by
   :func:`tr.envs.sandbox.discard_snapshot`).
+* Every container and image carries ``tr.owner`` (``<pid>-<start time>`` of the process that made
+  it) and ``tr.scope`` (boot id + pid namespace).  The reaper run at a process's first start
+  removes only those whose owner is known dead in this scope; other live processes' sandboxes
+  (two test runs, a training job and a test run) are never touched.
+
+Known exposure (not closed): the agent is root in its container, and the container's root
+filesystem (``/usr``, ``/lib``, ``/bin``) is its writable layer.  So the agent can replace what the
+verifier runs on besides the read-only mounts: the dynamic loader and system libraries that the
+verifier's interpreter at ``/opt/tr/python`` loads (libc, libm, libssl...), ``/bin/sh`` and
+``/bin/bash`` that start the verifier command, and every program the tests call (``python3``,
+``git``, ``gcc``).  A self-contained interpreter (host loader + libraries mounted read-only and the
+interpreter started through that loader) would not be enough alone: the tests themselves run the
+container's programs and the agent's scripts as root next to pytest, which can rewrite the
+results file after pytest writes it -- the same exposure as "code of the agent that the tests
+import" (:mod:`tr.envs.protected`), shared with Terminal-Bench's own harness.  Closing it needs
+the agent to run unprivileged (its files and the system read-only to it) and the tests to run
+the agent's programs unprivileged too, while only the verifier (root) writes the results; the
+built-in suite's system-config tasks expect a root agent (``/etc`` edits, ``chown``), as on the
+local backend, so this is a design change for a later issue, not done here.  Locally the system
+directories are read-only host mounts, so only the agent-code route remains there.
 """
 
 from __future__ import annotations

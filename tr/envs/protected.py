@@ -22,10 +22,12 @@ Order (the caller takes the pre-verifier snapshot first, e.g. ``Sandbox.snapshot
    agent's ``python3 script.py`` run by a test would lose its script folder from ``sys.path``.
 5. The results folder is copied out to ``output_dir`` without following links (links skipped).
 
-What this does not stop: code of the agent that the tests themselves import runs inside the test
-process and can do anything that process can.  On Docker the agent is root in its container, so
-it could also replace system libraries the verifier's interpreter loads (the interpreter and
-pytest themselves are read-only mounts); run agents as a non-root user to close that.
+What this does not stop: code of the agent that the tests themselves import or run (its scripts,
+and on Docker any system program it replaced) runs next to pytest with pytest's rights and can
+do anything that process can, including rewriting the results file.  On Docker the agent is root
+in its container, so it could also replace system libraries and ``/bin/bash`` that the verifier
+uses (the interpreter and pytest themselves are read-only mounts); see
+:mod:`tr.envs.docker_sandbox` for why this is left open and what would close it.
 """
 
 from __future__ import annotations
