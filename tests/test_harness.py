@@ -1,6 +1,7 @@
 """The harness: action format, turn loop over real bubblewrap sandboxes, budgets, statuses,
 active summarisation, pre-verifier snapshots."""
 
+import io
 import threading
 
 import pytest
@@ -283,24 +284,37 @@ def test_injected_mistakes_are_seeded_and_change_commands(tasks):
     assert 0 < n_wrong < 20 * n
 
 
-def test_progress_line_reports_done_pass_rate_and_rate():
-    import io
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
 
+
+def _feed_progress(stream):
     from tr.agent.records import EpisodeRecord, TurnRecord
     from tr.agent.rollout import Progress
 
-    out = io.StringIO()
-    prog = Progress(3, stream=out, enabled=True, min_interval_s=0.0)
+    prog = Progress(3, stream=stream, enabled=True, min_interval_s=0.0)
     turns = [TurnRecord(turn=1, kind="command", text="")]
     prog.update(EpisodeRecord(episode_id="a", task_id="t", status=EpisodeStatus.VERIFIED_PASS,
                               passed=True, turns=turns))
     prog.update(EpisodeRecord(episode_id="b", task_id="t", status=EpisodeStatus.INFRA_FAILURE))
     prog.update(EpisodeRecord(episode_id="c", task_id="t", status=EpisodeStatus.TURN_CAP, passed=False,
                               turns=turns * 2))
-    lines = out.getvalue().split("\r")
+    return stream.getvalue()
+
+
+def test_progress_line_reports_done_pass_rate_and_rate():
+    lines = _feed_progress(_Terminal()).split("\r")
     assert "1/3 episodes" in lines[1] and "pass 100.0%" in lines[1]
     assert "3/3 episodes" in lines[-1] and "pass  50.0%" in lines[-1] and "infra 1" in lines[-1]
-    assert "steps/s" in lines[-1] and out.getvalue().endswith("\n")
+    assert "steps/s" in lines[-1] and lines[-1].endswith("\n")
+
+
+def test_progress_in_a_log_file_writes_whole_lines_not_carriage_returns():
+    text = _feed_progress(io.StringIO())
+    assert "\r" not in text and text.endswith("\n")
+    lines = text.splitlines()
+    assert "1/3 episodes" in lines[0] and "3/3 episodes" in lines[-1]
 
 
 def test_output_budget_cuts_a_long_text_reply(tasks, layout):

@@ -132,8 +132,11 @@ class Progress:
                  enabled: bool | None = None, min_interval_s: float = 0.5):
         self.total, self.label = total, label
         self.stream = stream if stream is not None else sys.stderr
-        self.enabled = enabled if enabled is not None else self.stream.isatty()
-        self.min_interval_s = min_interval_s
+        is_tty = getattr(self.stream, "isatty", lambda: False)()
+        self.enabled = enabled if enabled is not None else is_tty
+        # On a terminal the line is rewritten in place; in a log file, a new line every 10 s.
+        self.min_interval_s = min_interval_s if is_tty else max(min_interval_s, 10.0)
+        self._start, self._end = ("\r", "") if is_tty else ("", "\n")
         self.t0 = time.monotonic()
         self.done = self.passed = self.counted = self.infra = self.steps = 0
         self._last = 0.0
@@ -151,7 +154,8 @@ class Progress:
             now = time.monotonic()
             if self.enabled and (now - self._last >= self.min_interval_s or self.done == self.total):
                 self._last = now
-                self.stream.write("\r" + self.line() + ("\n" if self.done == self.total else ""))
+                end = "\n" if self.done == self.total else self._end
+                self.stream.write(self._start + self.line() + end)
                 self.stream.flush()
 
     def line(self) -> str:
@@ -163,7 +167,7 @@ class Progress:
 
     def finish(self) -> None:
         if self.enabled and self.done != self.total:
-            self.stream.write("\r" + self.line() + "\n")
+            self.stream.write(self._start + self.line() + "\n")
             self.stream.flush()
 
 

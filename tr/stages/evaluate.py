@@ -38,7 +38,7 @@ def run(config, workdir: pathlib.Path):
         model_output_tokens=settings.model_output_tokens)
     results = evaluation.evaluate(policies, tasks, k=settings.k, workdir=workdir,
                                   backend=settings.backend, concurrency=settings.concurrency,
-                                  budgets=budgets, seed=config.seed)
+                                  budgets=budgets, seed=config.seed, progress=True)
     print(evaluation.format_table(results))
     print(f"wrote {workdir / 'eval.json'}, {workdir / 'eval.txt'} and the episode records")
     return results
