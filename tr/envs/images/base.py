@@ -35,9 +35,12 @@ BASE_PACKAGES = (
     "python3", "python3.11", "ca-certificates",
     # what the built-in suite's tasks use (tr/envs/suite/README.md): compilers for build-*,
     # git for git-*, venv for py-venv-*; libc6-dev is only a Recommends of gcc, so it is named.
-    "git", "gcc", "binutils", "libc6-dev", "python3-venv",
+    # envsubst (gettext-base), jq and the sqlite3 CLI: tools an agent reaches for on the local
+    # backend (the host's /usr), so attempts behave the same on both backends.
+    "git", "gcc", "binutils", "libc6-dev", "python3-venv", "gettext-base", "jq", "sqlite3",
 )
-SUITE_TOOLS = ("git", "gcc", "cc", "make", "ar", "patch", "flock", "setsid", "ps", "file")
+SUITE_TOOLS = ("git", "gcc", "cc", "make", "ar", "patch", "flock", "setsid", "ps", "file",
+               "envsubst", "jq", "sqlite3")
 IMAGE_DIRS = {"/tmp": 0o1777, "/var/tmp": 0o1777, "/root": 0o700, "/app": 0o755,
               "/logs": 0o755, "/home": 0o755, "/run": 0o755, "/proc": 0o555, "/sys": 0o555,
               "/dev": 0o755, "/opt": 0o755, "/mnt": 0o755, "/srv": 0o755,
