@@ -73,20 +73,23 @@ DOCKER_SUBSET = ["git-commit-selected", "build-static-lib", "py-fix-script", "pr
 
 
 @pytest.fixture(scope="module")
-def docker_ready():
+def docker_runs():
+    """{(task id, attempt): (result, turns)} for the subset, all 8 runs side by side."""
     try:
         from tr.envs.images import ensure_base_image
         ensure_base_image()
     except Exception as e:  # noqa: BLE001
         pytest.skip(f"NO DOCKER ENGINE ANSWERS -- docker backend untested: {type(e).__name__}: {e}")
+    keys = [(t, a) for t in DOCKER_SUBSET for a in ("solution", "none")]
+    with ThreadPoolExecutor(max_workers=len(keys)) as pool:
+        futures = {k: pool.submit(runner.run_task, load_task(SUITE_DIR / k[0]), k[1], "docker")
+                   for k in keys}
+        return {k: f.result() for k, f in futures.items()}
 
 
 @pytest.mark.parametrize("task_id", DOCKER_SUBSET)
-def test_task_on_docker_solution_passes_nothing_fails(task_id, docker_ready):
-    task = load_task(SUITE_DIR / task_id)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {a: pool.submit(runner.run_task, task, a, "docker") for a in ("solution", "none")}
-        (solved, turns), (nothing, _) = (futures[a].result() for a in ("solution", "none"))
+def test_task_on_docker_solution_passes_nothing_fails(task_id, docker_runs):
+    (solved, turns), (nothing, _) = docker_runs[task_id, "solution"], docker_runs[task_id, "none"]
     assert solved.error is None and solved.strict_pass, _describe(solved)
     assert solved.matched == solved.executed >= 3
     assert all(t.exit_code == 0 for t in turns), [(t.exit_code, t.output[-300:]) for t in turns]
