@@ -138,7 +138,7 @@ def test_ppo_step_matches_reference_gradient_and_logs_explained_variance(setup):
     fns, state, batch, config = setup["fns"], setup["state"], setup["batch"], setup["config"]
     new_state, metrics = setup["results"]["ppo"]
     ppo = config.ppo
-    values = np.asarray(fns.critic_values(state.critic_params, batch), np.float64)
+    values = np.asarray(jax.jit(fns.critic_values)(state.critic_params, batch), np.float64)
     adv, returns = reference_tb_gae(batch["rewards"], values, batch["actor_mask"],
                                     batch["turn_ids"], batch["dones"], ppo.gamma_turn, ppo.lam_turn)
     lm, am = np.asarray(batch["loss_mask"]), np.asarray(batch["actor_mask"])
