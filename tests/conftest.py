@@ -1,6 +1,11 @@
-"""Test-wide set-up: 8 forced host devices so multi-device code is tested on one CPU."""
+"""Test-wide set-up: 8 forced host devices so multi-device code is tested on one CPU.
+
+`--xla_backend_optimization_level=0` skips LLVM's optimisation of the generated CPU code: it
+halves compile time, which dominates these tests, and changes results only within test tolerances.
+"""
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault(
+    "XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
