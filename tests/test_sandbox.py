@@ -505,7 +505,8 @@ def test_planted_links_never_lead_file_transfers_to_the_host(sb, tmp_path):
 # ----------------------------------------------------------------------------- cleanup
 
 CHILD = textwrap.dedent("""\
-    import sys, time
+    import signal, sys, time
+    signal.signal(signal.SIGINT, signal.default_int_handler)   # even if pytest runs under nohup
     from tr.envs.sandbox import make_sandbox, SandboxConfig
     backend, token, mode = sys.argv[1], sys.argv[2], sys.argv[3]
     with make_sandbox(backend, SandboxConfig(memory_mb=256, disk_mb=32)) as box:
@@ -727,3 +728,25 @@ def test_reaping_races_no_live_owner_of_another_process(docker_problem):
     assert proc.returncode == 0, err
     assert int(out.split()[-1]) > 10 and reaps > 10, (out, reaps)
     assert leftovers(proc.pid) == NOTHING
+
+
+IGNORES_SIGINT = textwrap.dedent("""\
+    import signal, sys
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # as under nohup or in a script's background job
+    from tr.envs.sandbox import make_sandbox, SandboxConfig
+    with make_sandbox("local", SandboxConfig(memory_mb=256, disk_mb=32)) as box:
+        box.run("X=41")
+        loop = box.run("while :; do :; done", timeout_s=1)
+        after = box.run("echo $((X+1))")
+        print(loop.timed_out, after.output.strip(), after.shell_restarted)
+""")
+
+
+def test_owner_ignoring_sigint_does_not_hand_that_to_the_sandbox_shell():
+    """Signal dispositions are inherited through exec: an owner started with SIGINT ignored must
+    not give the sandbox's bash an ignored SIGINT (it could not break a builtin loop on a
+    timeout and would be replaced, losing its state)."""
+    r = subprocess.run([sys.executable, "-c", IGNORES_SIGINT], capture_output=True, text=True,
+                       cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "42", "False"], r.stdout

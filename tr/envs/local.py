@@ -15,6 +15,7 @@ RLIMIT_FSIZE and RLIMIT_CPU always.  Disk: the tmpfs ``size=``.
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import secrets
 import shlex
@@ -224,7 +225,11 @@ class LocalSandbox:
                    f" && ulimit -H -t {cfg.cpu_time_s + 5} && ulimit -c 0 || exit 125; ")
         if not files:
             script += (f"ulimit -v {cfg.memory_mb * kb} && ulimit -p {cfg.pids} 2>/dev/null; ")
-        return ["/bin/sh", "-c", script + 'exec "$@"', "tr-launch"]
+        # Signal dispositions are inherited: a host process started with SIGINT ignored (nohup,
+        # a background job of a script) would hand an ignored SIGINT to the sandbox's bash,
+        # which then cannot trap it -- and a timed-out builtin loop could not be interrupted.
+        reset = "env --default-signal " if _env_resets_signals() else ""
+        return ["/bin/sh", "-c", script + f'exec {reset}"$@"', "tr-launch"]
 
     def _spawn_shell(self) -> ShellProcess:
         stdin_r, stdin_w = os.pipe()
@@ -475,6 +480,16 @@ def _grandchild(proc: subprocess.Popen, timeout_s: float = 5.0) -> int:
                                    f"{timeout_s:g}s")
             time.sleep(0.0002)
     return pid
+
+
+@functools.cache
+def _env_resets_signals() -> bool:
+    """Whether this host's ``env`` has ``--default-signal`` (coreutils >= 8.31)."""
+    try:
+        return subprocess.run(["env", "--default-signal", "true"], capture_output=True,
+                              timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
 
 
 def reap_stale_cgroups() -> None:

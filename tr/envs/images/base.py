@@ -81,12 +81,17 @@ def _query(pkgs: list[str], fmt: str) -> list[str]:
 
 
 def package_closure(roots=BASE_PACKAGES) -> list[tuple[str, str]]:
-    """Installed packages reachable from ``roots`` via Depends/Pre-Depends: (name, version)."""
-    installed = {}
-    for line in _query([], "${Package} ${Version} ${db:Status-Abbrev}\n"):
-        parts = line.split()
-        if len(parts) >= 3 and parts[2].startswith("ii"):
+    """Installed packages reachable from ``roots`` via Depends/Pre-Depends: (name, version).
+    A dependency on a virtual package (``python3.11-distutils``) is met by an installed package
+    that ``Provides`` it."""
+    installed, providers = {}, {}
+    for line in _query([], "${Package}\t${Version}\t${db:Status-Abbrev}\t${Provides}\n"):
+        parts = line.split("\t")
+        if len(parts) >= 4 and parts[2].startswith("ii"):
             installed[parts[0]] = parts[1]
+            for virtual in filter(None, (re.sub(r"[ (].*", "", v.strip()).split(":")[0]
+                                         for v in parts[3].split(","))):
+                providers.setdefault(virtual, []).append(parts[0])
     missing = [p for p in roots if p not in installed]
     if missing:
         raise RuntimeError(f"base image: host packages not installed: {missing}")
@@ -103,6 +108,8 @@ def package_closure(roots=BASE_PACKAGES) -> list[tuple[str, str]]:
                 options = [re.sub(r"[ (].*", "", o.strip()).split(":")[0]
                            for o in clause.split("|")]
                 for o in options:
+                    if o not in installed and o in providers:
+                        o = next((p for p in providers[o] if p in seen), providers[o][0])
                     if o in installed:
                         if o not in seen:
                             todo.append(o)
