@@ -28,10 +28,12 @@ def get_config(variant: str = "default"):
     config.eval.suite = ""  # a task directory tree; "" = the built-in suite
     config.eval.tasks = ()  # only these task ids; () = all
     config.eval.backend = "local"
-    config.eval.concurrency = 4
+    config.eval.concurrency = 8  # sandboxes at once; also the batch of generation requests
     config.eval.max_turns = 0  # 0 = each task's own turn cap
-    config.eval.model_max_turns = 4  # the untrained model rarely stops by itself: keep its episodes short
-    config.eval.model_output_tokens = 96
+    # The untrained model never writes the action format, and each of its turns re-reads a ~1.5k-token
+    # byte-level prompt (~1 s per episode on 2 CPU cores): one turn keeps the main job to minutes.
+    config.eval.model_max_turns = 1
+    config.eval.model_output_tokens = 64
     if variant == "scripted":
         config.eval.policies = ("scripted",)
     elif variant == "tiny_model":

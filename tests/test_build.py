@@ -96,6 +96,24 @@ def test_deps_name_declared_targets(rules):
                 assert dep[1:] in names, f"{r['name']} depends on undeclared target {dep}"
 
 
+def test_dependency_graph_has_no_cycles(rules):
+    """Bazel refuses cyclic deps; so do we (a cycle also means two rooms import each other)."""
+    graph = {r["name"]: [d[1:] for d in r.get("deps", []) if d.startswith(":")] for r in rules}
+    state = {}
+
+    def visit(node, path):
+        if state.get(node) == "done":
+            return
+        assert state.get(node) != "open", f"dependency cycle: {' -> '.join(path + [node])}"
+        state[node] = "open"
+        for dep in graph.get(node, []):
+            visit(dep, path + [node])
+        state[node] = "done"
+
+    for name in graph:
+        visit(name, [])
+
+
 def test_loader_detects_an_undeclared_module(tmp_path):
     """The check itself can fail: a BUILD that forgets a file is caught."""
     build = tmp_path / "BUILD"
