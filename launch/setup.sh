@@ -9,7 +9,8 @@ command -v "$PY" >/dev/null 2>&1 || PY=python3
 # Debian packages: bubblewrap for the local sandbox; the userland the built-in tasks use inside
 # it (and that the Docker base image is assembled from); python3 for Debian's interpreter in images.
 DEBIAN_PACKAGES=(bubblewrap git make gcc libc6-dev binutils patch procps util-linux python3
-                 python3-venv jq sqlite3)
+                 python3.11 python3-venv jq sqlite3 gettext-base file less bzip2 xz-utils
+                 ca-certificates)
 need_apt=()
 for pkg in "${DEBIAN_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
