@@ -42,7 +42,6 @@ directories are read-only host mounts, so only the agent-code route remains ther
 
 from __future__ import annotations
 
-import atexit
 import io
 import os
 import secrets
@@ -52,12 +51,11 @@ import socket
 import tarfile
 import threading
 import time
-import weakref
 from pathlib import Path
 
 from tr.envs import cgroups
 from tr.envs.images.base import LABEL, docker_client, ensure_base_image
-from tr.envs.sandbox import (CommandResult, SandboxConfig, SandboxError, Snapshot,
+from tr.envs.sandbox import (CommandResult, SandboxConfig, ShellSandbox, SandboxError, Snapshot,
                              snapshot_fields)
 from tr.envs.shell import ShellProcess, ShellSession, run_to_eof
 from tr.envs.workspace import (HostWorkspace, cp_tree, default_state_dir, host_scope,
@@ -68,18 +66,8 @@ SNAP_REPO = "tr-snap"
 KEEPER = "trap '' TERM INT HUP QUIT USR1 USR2; while :; do sleep 3600 & wait; done"
 SHELL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-_OPEN: "weakref.WeakSet[DockerSandbox]" = weakref.WeakSet()
 _seed_lock = threading.Lock()
 _reaped = False
-
-
-@atexit.register
-def _close_all() -> None:
-    for sb in list(_OPEN):
-        try:
-            sb.close()
-        except Exception:
-            pass
 
 
 SCOPE_LABEL = "tr.scope"
@@ -191,7 +179,7 @@ class SocketIO:
             pass
 
 
-class DockerSandbox:
+class DockerSandbox(ShellSandbox):
     """A Docker sandbox (see module doc).  Use as a context manager."""
 
     backend = "docker"
@@ -221,7 +209,7 @@ class DockerSandbox:
         if self._started:
             return self
         self._started = True
-        _OPEN.add(self)
+        self._track()
         try:
             self.client = docker_client()
             self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -345,16 +333,6 @@ class DockerSandbox:
         return ShellProcess(io=io_, pid=pid, exit_code=exit_code, kill=kill)
 
     # --- commands --------------------------------------------------------------------------
-    def _require(self) -> None:
-        if self._closed:
-            raise SandboxError("sandbox is closed")
-        if not self._started:
-            raise SandboxError("sandbox not started: call start() or use it as a context manager")
-
-    def run(self, command: str, timeout_s: float = 30.0) -> CommandResult:
-        self._require()
-        return self.session.run(command, timeout_s)
-
     def run_fresh(self, command: str, timeout_s: float = 30.0, *, extra_ro_binds=(),
                   env: dict | None = None, clean_env: bool = False) -> CommandResult:
         """``bash -c command`` in a new exec (not the agent's shell), its own cgroup and
@@ -553,11 +531,6 @@ class DockerSandbox:
             raise SandboxError(f"cannot fork a {snapshot.backend!r} snapshot with docker")
         return DockerSandbox(self.config).start(_from_snapshot=snapshot)
 
-    def end_session(self) -> None:
-        """Stop the agent's shell and every process it started; files stay."""
-        if self.session is not None:
-            self.session.kill_shell()
-
     # --- protected verifier hooks -----------------------------------------------------------
     def install_tests(self, tests_dir, mount: str) -> list:
         """Replace ``mount`` by a fresh copy of the tests; drop pytest config/conftest files the
@@ -594,35 +567,21 @@ class DockerSandbox:
             raise SandboxError(f"the verifier interpreter mount {root} is gone from the container")
         return self._python, []
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def _release(self) -> None:
         try:
-            if self.session is not None:
-                self.session.kill_shell()
-        finally:
+            if self.container is not None:
+                self.container.remove(force=True)
+        except Exception:
+            pass
+        for image in self.images:
             try:
-                if self.container is not None:
-                    self.container.remove(force=True)
+                self.client.images.remove(image, force=True)
             except Exception:
                 pass
-            for image in self.images:
-                try:
-                    self.client.images.remove(image, force=True)
-                except Exception:
-                    pass
-            if self.ws is not None:
-                self.ws.close()
-            if self.client is not None:
-                self.client.close()
-            _OPEN.discard(self)
-
-    def __enter__(self) -> "DockerSandbox":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        if self.ws is not None:
+            self.ws.close()
+        if self.client is not None:
+            self.client.close()
 
 
 def _ancestors(path: str) -> list[str]:

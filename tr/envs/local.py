@@ -14,7 +14,6 @@ RLIMIT_FSIZE and RLIMIT_CPU always.  Disk: the tmpfs ``size=``.
 
 from __future__ import annotations
 
-import atexit
 import functools
 import os
 import secrets
@@ -23,11 +22,10 @@ import shutil
 import subprocess
 import threading
 import time
-import weakref
 from pathlib import Path
 
 from tr.envs import cgroups
-from tr.envs.sandbox import (CommandResult, SandboxConfig, SandboxError, Snapshot,
+from tr.envs.sandbox import (CommandResult, SandboxConfig, SandboxError, ShellSandbox, Snapshot,
                              snapshot_fields)
 from tr.envs.shell import PipeIO, ShellProcess, ShellSession, run_to_eof
 from tr.envs.workspace import HostWorkspace, default_state_dir, reap_stale
@@ -40,18 +38,8 @@ ETC_EXCLUDE = ("shadow", "shadow-", "gshadow", "gshadow-", "ssh", "ssl/private",
                "containerd", "sudoers", "sudoers.d", "security/opasswd", "machine-id",
                "ld.so.preload")
 
-_OPEN: "weakref.WeakSet[LocalSandbox]" = weakref.WeakSet()
 _etc_lock = threading.Lock()
 _reaped = False
-
-
-@atexit.register
-def _close_all() -> None:
-    for sb in list(_OPEN):
-        try:
-            sb.close()
-        except Exception:
-            pass
 
 
 def etc_template(state_dir: Path) -> Path:
@@ -94,7 +82,7 @@ def _system_binds() -> list[str]:
     return args
 
 
-class LocalSandbox:
+class LocalSandbox(ShellSandbox):
     """A bubblewrap sandbox (see module doc).  Use as a context manager."""
 
     backend = "local"
@@ -123,7 +111,7 @@ class LocalSandbox:
         if self._started:
             return self
         self._started = True
-        _OPEN.add(self)
+        self._track()
         try:
             self.state_dir.mkdir(parents=True, exist_ok=True)
             if not _reaped:
@@ -255,16 +243,6 @@ class LocalSandbox:
                             kill=kill)
 
     # --- commands --------------------------------------------------------------------------
-    def _require(self) -> None:
-        if self._closed:
-            raise SandboxError("sandbox is closed")
-        if not self._started:
-            raise SandboxError("sandbox not started: call start() or use it as a context manager")
-
-    def run(self, command: str, timeout_s: float = 30.0) -> CommandResult:
-        self._require()
-        return self.session.run(command, timeout_s)
-
     def run_fresh(self, command: str, timeout_s: float = 30.0, *, extra_ro_binds=(),
                   env: dict | None = None, etc_binds=(), clean_env: bool = False
                   ) -> CommandResult:
@@ -380,11 +358,6 @@ class LocalSandbox:
         child = LocalSandbox(self.config)
         return child.start(_from_snapshot=snapshot.location)
 
-    def end_session(self) -> None:
-        """Stop the agent's shell and every process it started; files stay."""
-        if self.session is not None:
-            self.session.kill_shell()
-
     # --- protected verifier hooks (tr.envs.protected) -----------------------------------------
     def install_tests(self, tests_dir, mount: str) -> list:
         """Tests are a read-only bind seen only by the verifier's process tree."""
@@ -407,27 +380,13 @@ class LocalSandbox:
                                                            "ld.so.conf.d") if (tmpl / n).exists()]
         return exe, binds
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def _release(self) -> None:
         try:
-            if self.session is not None:
-                self.session.kill_shell()
+            if self.tree is not None:
+                self.tree.destroy()
         finally:
-            try:
-                if self.tree is not None:
-                    self.tree.destroy()
-            finally:
-                if self.ws is not None:
-                    self.ws.close()
-                _OPEN.discard(self)
-
-    def __enter__(self) -> "LocalSandbox":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+            if self.ws is not None:
+                self.ws.close()
 
 
 class _LazyScan:

@@ -9,9 +9,11 @@ planted inside, and snapshots / restores / forks its writable state.  Backends:
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
 import shutil
+import weakref
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -129,6 +131,69 @@ class Sandbox(Protocol):
     def __enter__(self) -> "Sandbox": ...
 
     def __exit__(self, *exc) -> None: ...
+
+
+_OPEN_SANDBOXES: "weakref.WeakSet[ShellSandbox]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_sandboxes() -> None:
+    """Closes every sandbox still open when the interpreter exits (nothing outlives its owner)."""
+    for sandbox in list(_OPEN_SANDBOXES):
+        try:
+            sandbox.close()
+        except Exception:  # pylint: disable=broad-except
+            pass
+
+
+class ShellSandbox:
+    """What both backends share around their persistent shell: the open-sandbox registry closed at
+    exit, the started/closed guard, commands in the shell, ending the session, and a close that
+    stops the shell before the backend releases its resources (:meth:`_release`)."""
+
+    _started = False
+    _closed = False
+    session = None
+
+    def _track(self) -> None:
+        _OPEN_SANDBOXES.add(self)
+
+    def _require(self) -> None:
+        if self._closed:
+            raise SandboxError("sandbox is closed")
+        if not self._started:
+            raise SandboxError("sandbox not started: call start() or use it as a context manager")
+
+    def run(self, command: str, timeout_s: float = 30.0) -> CommandResult:
+        self._require()
+        return self.session.run(command, timeout_s)
+
+    def end_session(self) -> None:
+        """Stop the agent's shell and every process it started; files stay."""
+        if self.session is not None:
+            self.session.kill_shell()
+
+    def _release(self) -> None:
+        """Frees the backend's resources (process tree, container, images, workspace)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.end_session()
+        finally:
+            try:
+                self._release()
+            finally:
+                _OPEN_SANDBOXES.discard(self)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def make_sandbox(backend: str, config: SandboxConfig | None = None) -> Sandbox:
