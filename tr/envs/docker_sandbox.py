@@ -58,7 +58,7 @@ from tr.envs.images.base import LABEL, docker_client, ensure_base_image
 from tr.envs.sandbox import (CommandResult, SandboxConfig, ShellSandbox, SandboxError, Snapshot,
                              snapshot_fields)
 from tr.envs.shell import ShellProcess, ShellSession, run_to_eof
-from tr.envs.workspace import (HostWorkspace, cp_tree, default_state_dir, host_scope,
+from tr.envs.workspace import (HostWorkspace, copy_dir, default_state_dir, host_scope,
                                owner_id, owner_is_dead, reap_stale)
 
 OWNER_LABEL = "tr.owner"
@@ -226,7 +226,7 @@ class DockerSandbox(ShellSandbox):
                 seed = self._seed(self.image)
                 for name in self.areas.values():
                     if (seed / name).is_dir():
-                        cp_tree(str(seed / name), self.ws.host_dir(name))
+                        copy_dir(str(seed / name), self.ws.host_dir(name))
             self._create_container()
         except BaseException:
             self.close()

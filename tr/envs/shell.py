@@ -153,8 +153,11 @@ class ShellSession:
     """Drives one persistent shell; restarts it (state lost, flagged) if it died."""
 
     def __init__(self, spawn: Callable[[], ShellProcess], tracker: Tracker, cap: int,
-                 init: str = ""):
+                 init: str = "", prelude: str = ""):
+        """``prelude``: shell text run before the protocol is set up (e.g. closing a descriptor
+        the launcher inherited); ``init``: run after it, before the first command."""
         self.spawn, self.tracker, self.cap, self.init = spawn, tracker, cap, init
+        self.prelude = prelude
         self.proc: ShellProcess | None = None
         self.pending_output = b""
         self.lost_state = False
@@ -164,7 +167,7 @@ class ShellSession:
         if self.proc is not None:
             return False
         self.proc = self.spawn()
-        self.proc.io.write((SHELL_INIT + self.init + "\n").encode())
+        self.proc.io.write((self.prelude + "\n" + SHELL_INIT + self.init + "\n").encode())
         return True
 
     def run(self, command: str, timeout_s: float) -> CommandResult:
