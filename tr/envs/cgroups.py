@@ -177,6 +177,33 @@ class CgroupTree:
             if name != "base" and not self.procs(name):
                 self.remove_child(name, wait_s=0)
 
+    def subtree_procs(self) -> set[int]:
+        """Every process in the parent pids cgroup or any cgroup below it (whoever made it)."""
+        found: set[int] = set()
+        for directory, _, files in os.walk(self.parents["pids"]):
+            if "cgroup.procs" in files:
+                found |= _read_pids(Path(directory) / "cgroup.procs")
+        return found
+
+    def kill_all(self, timeout_s: float = 5.0, keep: set[int] = frozenset()) -> set[int]:
+        """SIGKILL every process of the parent cgroup and everything below it (``keep`` aside),
+        frozen meanwhile so that none can fork, until none is left; returns the pids still there
+        after ``timeout_s`` (none, normally)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.set_frozen(None, True)
+            try:
+                found = self.subtree_procs() - set(keep)
+                for pid in found:
+                    _kill(pid, signal.SIGKILL)
+            finally:
+                self.set_frozen(None, False)
+            if not found:
+                return set()
+            if time.monotonic() > deadline:
+                return found
+            time.sleep(0.002)
+
     def destroy(self) -> None:
         """Kill every process of the tree and remove every cgroup it made."""
         for _ in range(50):

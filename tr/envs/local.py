@@ -463,15 +463,27 @@ class LocalSandbox(ShellSandbox):
         self.ws.make_empty_dir(sandbox_path)
 
     def verifier_python(self) -> tuple[str, list]:
-        """The project interpreter at /opt/tr/python with the project's site-packages, and the
-        loader config (ld.so.*) from the pristine /etc; read-only, in the verifier's tree only."""
+        """The project interpreter at /opt/tr/python with the project's site-packages, the
+        harness-owned files at /opt/tr/verifier and the loader config (ld.so.*) from the pristine
+        /etc copy (``/etc/ld.so.preload`` deleted); read-only, in the verifier's tree only."""
         from tr.envs.protected import python_mounts
-        exe, binds = python_mounts()
+        exe, binds = python_mounts(self.state_dir)
         self.remove_path("/etc/ld.so.preload")
         tmpl = self.etc_template
         binds += [(str(tmpl / n), f"/etc/{n}") for n in ("ld.so.cache", "ld.so.conf",
                                                            "ld.so.conf.d") if (tmpl / n).exists()]
         return exe, binds
+
+    def _alive(self) -> bool:
+        return self.ws is not None and not self.ws.closed and self.ws.w.is_dir()
+
+    def _kill_stragglers(self) -> None:
+        """Every process of the sandbox's cgroup tree -- whatever cgroup, session or parent it
+        has -- is killed (the shell's bwrap is gone already, taking its PID namespace with it)."""
+        if self.tree is not None:
+            left = self.tree.kill_all()
+            if left:
+                raise SandboxError(f"processes {sorted(left)} of the sandbox survived SIGKILL")
 
     def _release(self) -> None:
         try:

@@ -126,6 +126,8 @@ class Sandbox(Protocol):
 
     def end_session(self) -> None: ...
 
+    def alive(self) -> bool: ...
+
     def close(self) -> None: ...
 
     def __enter__(self) -> "Sandbox": ...
@@ -169,9 +171,25 @@ class ShellSandbox:
         return self.session.run(command, timeout_s)
 
     def end_session(self) -> None:
-        """Stop the agent's shell and every process it started; files stay."""
+        """Stop the agent's shell and every process it started -- whatever it did with traps,
+        sessions or cgroups -- and check that none is left (SandboxError if one survives);
+        files stay."""
         if self.session is not None:
             self.session.kill_shell()
+        self._kill_stragglers()
+
+    def _kill_stragglers(self) -> None:
+        """Kill whatever process of the agent the shell's own clean-up missed."""
+        raise NotImplementedError
+
+    def alive(self) -> bool:
+        """Whether the sandbox still stands: started, not closed, and its backend's resources
+        (workspace, container) in place.  False after a failure that is the harness's, not the
+        agent's (the container or its engine died)."""
+        return self._started and not self._closed and self._alive()
+
+    def _alive(self) -> bool:
+        raise NotImplementedError
 
     def _release(self) -> None:
         """Frees the backend's resources (process tree, container, images, workspace)."""

@@ -242,12 +242,13 @@ def verify(task: Task, sandbox, workdir: str | None = None) -> vr.VerifierResult
 
 
 def _read_results(out: Path) -> dict[str, str]:
-    """The result files the verifier wrote (searched under the copied-out directory)."""
-    wanted = (vr.JUNIT_FILENAME, *vr.REWARD_FILENAMES)
+    """The result files the verifier wrote: each read from exactly one path, the top of the
+    copied-out results folder (a file of that name anywhere below it is not a result)."""
     found: dict[str, str] = {}
-    for path in sorted(out.rglob("*")):
-        if path.is_file() and path.name in wanted and path.name not in found:
-            found[path.name] = path.read_text(encoding="utf-8", errors="replace")
+    for name in (vr.JUNIT_FILENAME, *vr.REWARD_FILENAMES):
+        path = out / name
+        if path.is_file() and not path.is_symlink():
+            found[name] = path.read_text(encoding="utf-8", errors="replace")
     return found
 
 
