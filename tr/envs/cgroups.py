@@ -186,22 +186,31 @@ class CgroupTree:
         return found
 
     def kill_all(self, timeout_s: float = 5.0, keep: set[int] = frozenset()) -> set[int]:
-        """SIGKILL every process of the parent cgroup and everything below it (``keep`` aside),
-        frozen meanwhile so that none can fork, until none is left; returns the pids still there
-        after ``timeout_s`` (none, normally)."""
+        """SIGKILL every process of the parent cgroup and everything below it (``keep`` aside)
+        while the whole tree is frozen, so none can fork meanwhile; after that only ``keep`` can
+        start processes.  Waits for the victims to be gone; returns those still there after
+        ``timeout_s`` (none, normally)."""
         deadline = time.monotonic() + timeout_s
+        state = self.child("freezer", None) / "freezer.state" if "freezer" in self.parents \
+            else None
+        self.set_frozen(None, True)
+        try:
+            while state is not None and time.monotonic() < deadline:
+                try:
+                    if state.read_text().strip() == "FROZEN":
+                        break
+                except OSError:
+                    break
+                time.sleep(0.001)
+            victims = self.subtree_procs() - set(keep)
+            for pid in victims:
+                _kill(pid, signal.SIGKILL)
+        finally:
+            self.set_frozen(None, False)
         while True:
-            self.set_frozen(None, True)
-            try:
-                found = self.subtree_procs() - set(keep)
-                for pid in found:
-                    _kill(pid, signal.SIGKILL)
-            finally:
-                self.set_frozen(None, False)
-            if not found:
-                return set()
-            if time.monotonic() > deadline:
-                return found
+            left = victims & self.subtree_procs()
+            if not left or time.monotonic() > deadline:
+                return left
             time.sleep(0.002)
 
     def destroy(self) -> None:

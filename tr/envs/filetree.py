@@ -452,7 +452,8 @@ def trust_keys(fd: int, before_ns: int | None,
                deadline: Deadline = NO_DEADLINE) -> dict[str, tuple[int, int, int]]:
     """``relative path -> trust_key`` of the single-link regular files and links under open
     folder ``fd`` (fewer than MAX_KEY_DEPTH folders deep, not entering mounts) whose ctime is
-    older than ``before_ns`` (None: all)."""
+    older than ``before_ns`` (None: all) -- setuid/setgid files aside: their snapshot copies are
+    stripped, so they are never "unchanged"."""
     keys: dict[str, tuple[int, int, int]] = {}
     root_dev = os.fstat(fd).st_dev
     walk = _Walk([fd])
@@ -470,6 +471,7 @@ def trust_keys(fd: int, before_ns: int | None,
                 if st.st_dev == root_dev and top.depth + 1 < MAX_KEY_DEPTH:
                     walk.down(name, _names)
             elif ((stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)) and st.st_nlink == 1
+                  and not st.st_mode & PRIVILEGE_BITS    # its stripped copy differs: not kept
                   and (before_ns is None or st.st_ctime_ns < before_ns)):
                 keys["/".join(top.parts + [name])] = trust_key(st)
     finally:

@@ -48,6 +48,7 @@ BWRAP = shutil.which("bwrap") or "/usr/bin/bwrap"
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CGROUP_GROUP = "tr-sandboxes"
 CPU_PERIOD_US = 100_000
+ETC_SOURCE = "/etc"
 # Capabilities the launcher keeps until the sandbox's first process has joined its user namespace
 # (nsenter: SYS_ADMIN) and emptied its capability sets (setpriv: SETPCAP).
 LAUNCH_CAPS = ("CAP_SYS_ADMIN", "CAP_SETPCAP")
@@ -70,7 +71,7 @@ def etc_template(state_dir: Path, base: int = 0, count: int = 0) -> Path:
         if dest.is_dir():
             return dest
         tmp = state_dir / f"{dest.name}.{os.getpid()}.{secrets.token_hex(4)}"
-        shutil.copytree("/etc", tmp, symlinks=True, ignore=_etc_ignore)
+        shutil.copytree(ETC_SOURCE, tmp, symlinks=True, ignore=_etc_ignore)
         (tmp / "hostname").write_text("tr-sandbox\n")
         if base:
             shift_owners(tmp, base, count)
@@ -94,7 +95,7 @@ def world_readable(st: os.stat_result) -> bool:
 
 
 def _etc_ignore(directory: str, names: list[str]) -> set[str]:
-    rel = os.path.relpath(directory, "/etc")
+    rel = os.path.relpath(directory, ETC_SOURCE)
     skip = set()
     for n in names:
         path = n if rel == "." else os.path.join(rel, n)

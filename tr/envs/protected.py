@@ -110,6 +110,8 @@ def verifier_env(python: str, tests_mount: str) -> dict:
         "LD_LIBRARY_PATH": f"{PYTHON_MOUNT}/lib",
         "PATH": VERIFIER_PATH,
         "HOME": VERIFIER_HOME,
+        "USER": "root",          # getpass.getuser() (pytest's tmp_path) then needs no NSS lookup
+        "LOGNAME": "root",
         "LANG": "C.UTF-8",
         "TERM": "dumb",
         "TR_PYTHON": python,

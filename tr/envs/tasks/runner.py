@@ -205,9 +205,11 @@ def run_attempt(task: Task, sandbox, attempt: str) -> list:
 
 
 def verifier_command(task: Task, workdir: str) -> str:
-    """The shell command the protected runner executes (fresh shell, tests at /tests)."""
+    """The shell command the protected runner executes (fresh shell, tests at /tests, the results
+    folder made by the runner).  It calls no program of the sandbox before pytest: on Docker
+    those are the agent's to replace."""
     spec = task.verifier
-    cd = f"mkdir -p {RESULTS_DIR} && cd {shlex.quote(workdir)} && "
+    cd = f"cd {shlex.quote(workdir)} && "
     if spec.kind == "pytest":
         files = " ".join(shlex.quote(f"{TESTS_MOUNT}/{rel}") for rel in spec.test_files)
         return (f"{cd}TEST_DIR={TESTS_MOUNT} PYTHONDONTWRITEBYTECODE=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "
