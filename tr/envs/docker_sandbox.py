@@ -65,7 +65,7 @@ from tr.envs.sandbox import (CommandResult, SandboxConfig, ShellSandbox, Sandbox
 from tr.envs.shell import ShellProcess, ShellSession, run_to_eof
 from tr.envs.workspace import (HostWorkspace, _copy_host_tree_into, copy_dir,
                                default_state_dir, host_scope, owner_id, owner_is_dead,
-                               private_dir, reap_stale)
+                               private_dir, reap_stale, run_reaper)
 
 OWNER_LABEL = "tr.owner"
 SNAP_REPO = "tr-snap"
@@ -233,8 +233,8 @@ class DockerSandbox(ShellSandbox):
             private_dir(self.state_dir)
             if not _reaped:
                 _reaped = True
-                reap_stale_docker(self.client)
-                reap_stale(self.state_dir)
+                run_reaper(lambda: reap_stale_docker(self.client),
+                           lambda: reap_stale(self.state_dir))
             self.ws = HostWorkspace(self.areas, self.config.disk_mb, self.state_dir)
             if _from_snapshot is not None:
                 self.image = _from_snapshot.image

@@ -42,7 +42,8 @@ from tr.envs.sandbox import (CommandResult, SandboxConfig, SandboxError, ShellSa
                              snapshot_fields)
 from tr.envs.shell import PipeIO, ShellProcess, ShellSession, run_to_eof
 from tr.envs.userns import UserNamespace, UserNamespaceError, shift_owners
-from tr.envs.workspace import HostWorkspace, default_state_dir, private_dir, reap_stale
+from tr.envs.workspace import (HostWorkspace, default_state_dir, private_dir, reap_stale,
+                               run_reaper)
 
 BWRAP = shutil.which("bwrap") or "/usr/bin/bwrap"
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -155,8 +156,7 @@ class LocalSandbox(ShellSandbox):
             private_dir(self.state_dir)
             if not _reaped:
                 _reaped = True
-                reap_stale(self.state_dir)
-                reap_stale_cgroups()
+                run_reaper(lambda: reap_stale(self.state_dir), reap_stale_cgroups)
             if os.geteuid() == 0:       # never run the agent as host root: map it elsewhere
                 try:
                     self.userns = UserNamespace()

@@ -66,7 +66,7 @@ class SandboxConfig:
     network: bool = False
     image: str | None = None        # docker only: the task image (default: the built tr base image)
     disk_mb: int = 1024
-    cpus: float = 1.0               # docker only: CPU quota in cores
+    cpus: float = 1.0               # CPU quota in cores across all the sandbox's processes
     persist_snapshots: bool = False
     state_dir: str | None = None    # host folder for sandbox roots and snapshots (default: $TMPDIR)
 

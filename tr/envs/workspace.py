@@ -167,6 +167,15 @@ def reap_stale(state_dir: Path) -> int:
     return removed
 
 
+def run_reaper(*reapers) -> None:
+    """Run stale-resource reapers; one that fails is logged, never stops a sandbox's start."""
+    for reap in reapers:
+        try:
+            reap()
+        except Exception as e:  # noqa: BLE001 - leftovers of dead processes can wait
+            log.warning("reaping stale sandbox resources failed: %s: %s", type(e).__name__, e)
+
+
 def remove_tree(root: Path, timeout_s: float = REMOVE_TIMEOUT_S) -> None:
     """Unmount everything mounted under ``root`` (deepest first), then delete it iteratively
     without following links; raises SandboxError if that fails or takes over ``timeout_s``."""
