@@ -85,6 +85,8 @@ class CgroupTree:
                 p.mkdir(exist_ok=False)
             for rel, value in dict(limits).items():
                 ctrl = rel.split(".", 1)[0]
+                if ctrl not in self.parents:     # a controller this host does not have
+                    continue
                 path = self.parents[ctrl] / rel
                 if path.exists():
                     _write(path, value)

@@ -193,11 +193,14 @@ class LocalSandbox(ShellSandbox):
         for c in ("pids", "freezer"):
             (root / c / CGROUP_GROUP).mkdir(exist_ok=True)
             parents[c] = root / c / CGROUP_GROUP / name
-        for c in ("memory", "cpu"):     # nested in ours: our own limits still bound them
-            if (root / c / "cgroup.procs").exists():
-                group = root / c / cgroups.own_cgroup(c) / CGROUP_GROUP
-                group.mkdir(parents=True, exist_ok=True)
-                parents[c] = group / name
+        if (root / "memory" / "cgroup.procs").exists():   # nested in ours: our limit bounds it
+            group = root / "memory" / cgroups.own_cgroup("memory") / CGROUP_GROUP
+            group.mkdir(parents=True, exist_ok=True)
+            parents["memory"] = group / name
+        if (root / "cpu" / "cgroup.procs").exists():
+            # Directly in ours, no shared parent group: each sandbox then weighs as much as one
+            # process of ours (a shared parent would split one process's weight among them all).
+            parents["cpu"] = root / "cpu" / cgroups.own_cgroup("cpu") / name
         mem_bytes = str(self.config.memory_mb * 1024 * 1024)
         limits = {"pids.max": str(self.config.pids),
                   "memory.limit_in_bytes": mem_bytes,
@@ -266,7 +269,7 @@ class LocalSandbox(ShellSandbox):
         /proc/1/cmdline does not show the host folders behind its mounts, and the seccomp filter
         through another (``--seccomp``)."""
         fds = []
-        program = seccomp.program() if self.userns is not None else None
+        program = _seccomp_program() if self.userns is not None else None
         try:
             args_fd = _pipe_with(b"".join(o.encode() + b"\0" for o in options))
             fds.append(args_fd)
@@ -499,6 +502,11 @@ class LocalSandbox(ShellSandbox):
                     self.userns.close()
 
 
+@functools.cache
+def _seccomp_program() -> bytes | None:
+    return seccomp.program()
+
+
 def _pipe_with(data: bytes) -> int:
     """The read end of a pipe holding ``data`` (written whole, then closed)."""
     r, w = os.pipe()
@@ -598,7 +606,7 @@ def reap_stale_cgroups() -> None:
     root = cgroups.CGROUP_V1
     dirs = [root / "pids" / CGROUP_GROUP, root / "freezer" / CGROUP_GROUP,
             root / "memory" / cgroups.own_cgroup("memory") / CGROUP_GROUP,
-            root / "cpu" / cgroups.own_cgroup("cpu") / CGROUP_GROUP]
+            root / "cpu" / cgroups.own_cgroup("cpu")]
     for d in dirs:
         if not d.is_dir():
             continue

@@ -200,7 +200,8 @@ class ShellSandbox:
             return
         self._closed = True
         try:
-            self.end_session()
+            if self.session is not None:    # the rest of the agent's processes: in _release
+                self.session.kill_shell()
         finally:
             try:
                 self._release()
