@@ -270,6 +270,14 @@ def copy_entry(src_dir: int, dst_dir: int, name: str, st: os.stat_result, *,
     Returns False when it was not copied (a device file; a link with ``keep_symlinks=False``;
     a file swapped for something else meanwhile)."""
     mode = st.st_mode
+    if stat.S_ISREG(mode) and st.st_size == 0:    # nothing to read (nor to run: no caps kept)
+        dfd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                      0o600, dir_fd=dst_dir)
+        try:
+            _apply_meta(dfd, st, strip=strip, owner=owner)
+        finally:
+            os.close(dfd)
+        return True
     if stat.S_ISREG(mode):
         sfd = os.open(name, FILE_FLAGS, dir_fd=src_dir)
         try:
@@ -351,14 +359,25 @@ def trust_key(st: os.stat_result) -> tuple[int, int, int]:
     return (st.st_ino, st.st_ctime_ns, st.st_size)
 
 
+def _trustable(st: os.stat_result, before_ns: int | None) -> bool:
+    """A single-link file or link, changed before ``before_ns``, without setuid/setgid bits
+    (its stripped snapshot copy differs from it, so it is never "unchanged")."""
+    return ((stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)) and st.st_nlink == 1
+            and not st.st_mode & PRIVILEGE_BITS
+            and (before_ns is None or st.st_ctime_ns < before_ns))
+
+
 def copy_tree(src_fd: int, dst_fd: int, *, prev_fd: int | None = None,
               trusted: dict | None = None, strip: bool = True, owner: bool = True,
-              keep_symlinks: bool = True, deadline: Deadline = NO_DEADLINE) -> list[str]:
+              keep_symlinks: bool = True, deadline: Deadline = NO_DEADLINE,
+              keys_out: dict | None = None, keys_before_ns: int | None = None) -> list[str]:
     """Copy the contents of open folder ``src_fd`` into the empty open folder ``dst_fd``, then
     the folder's own metadata.  With ``prev_fd`` and ``trusted`` (incremental snapshots), a
     single-link file or link whose :func:`trust_key` equals ``trusted[relative path]`` is
     hard-linked from the same path under ``prev_fd`` instead of copied.  ``owner``: keep owners
-    (else the copies belong to the caller).  Returns the relative paths not copied."""
+    (else the copies belong to the caller).  ``keys_out`` collects the source's
+    :func:`trust_keys` (with ``keys_before_ns``) on the way.  Returns the relative paths not
+    copied."""
     skipped: list[str] = []
     root_dev = os.fstat(src_fd).st_dev
     links = _HardLinks(dst_fd)
@@ -386,15 +405,18 @@ def copy_tree(src_fd: int, dst_fd: int, *, prev_fd: int | None = None,
                     finally:
                         os.close(fd)
                 continue
-            if (pfd is not None and trusted and st.st_nlink == 1 and top.depth < MAX_KEY_DEPTH
-                    and trusted.get("/".join(top.parts + [name])) == trust_key(st)):
+            rel = "/".join(top.parts + [name]) if top.depth < MAX_KEY_DEPTH else None
+            if keys_out is not None and rel is not None and _trustable(st, keys_before_ns):
+                keys_out[rel] = trust_key(st)
+            if (pfd is not None and trusted and st.st_nlink == 1 and rel is not None
+                    and trusted.get(rel) == trust_key(st)):
                 try:
                     os.link(name, name, src_dir_fd=pfd, dst_dir_fd=dfd, follow_symlinks=False)
                     continue
                 except OSError:
                     pass
             if not _copy_one(walk, links, name, st, **kw):
-                skipped.append("/".join(top.parts + [name]))
+                skipped.append(rel or name)
     finally:
         walk.close()
     return skipped
@@ -470,9 +492,7 @@ def trust_keys(fd: int, before_ns: int | None,
             if stat.S_ISDIR(st.st_mode):
                 if st.st_dev == root_dev and top.depth + 1 < MAX_KEY_DEPTH:
                     walk.down(name, _names)
-            elif ((stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)) and st.st_nlink == 1
-                  and not st.st_mode & PRIVILEGE_BITS    # its stripped copy differs: not kept
-                  and (before_ns is None or st.st_ctime_ns < before_ns)):
+            elif _trustable(st, before_ns):
                 keys["/".join(top.parts + [name])] = trust_key(st)
     finally:
         walk.close()

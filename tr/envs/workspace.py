@@ -323,16 +323,16 @@ class HostWorkspace:
                         prev_fd = os.open(prev, filetree.DIR_FLAGS)
                     except OSError:
                         trusted = None
+                keys: dict = {}
                 try:
                     filetree.copy_tree(live, out, prev_fd=prev_fd, trusted=trusted,
-                                       deadline=deadline)
+                                       deadline=deadline, keys_out=keys,
+                                       keys_before_ns=t_snap - CTIME_MARGIN_NS)
                 finally:
                     if prev_fd is not None:
                         os.close(prev_fd)
             finally:
                 os.close(out)
-            keys = filetree.trust_keys(live, before_ns=t_snap - CTIME_MARGIN_NS,
-                                       deadline=deadline)
         except BaseException:
             try:
                 remove_tree(dest)
