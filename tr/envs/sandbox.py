@@ -12,7 +12,6 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
-import shutil
 import weakref
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -235,7 +234,12 @@ def discard_snapshot(snapshot: Snapshot) -> None:
         from tr.envs.docker_sandbox import remove_image
         remove_image(snapshot.image)
     if snapshot.location and os.path.isdir(snapshot.location):
-        shutil.rmtree(snapshot.location, ignore_errors=True)
+        from pathlib import Path
+        from tr.envs.workspace import remove_tree
+        try:                          # iterative: a snapshot may hold a tree of any depth
+            remove_tree(Path(snapshot.location))
+        except SandboxError:
+            pass
 
 
 # ----------------------------------------------------------------------------------------------
