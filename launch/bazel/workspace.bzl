@@ -99,7 +99,7 @@ venv_python = repository_rule(
 
 _NO_COVERAGE = """\
 #!/bin/sh
-echo "bazel coverage needs Bazel's coverage tools (@remote_coverage_tools, a download from"
+echo "bazel coverage needs Bazel's coverage tools (@remote_coverage_tools, a download from" >&2
 echo "mirror.bazel.build); this workspace is offline, so they are not there." >&2
 exit 1
 """
