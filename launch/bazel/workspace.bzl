@@ -1,10 +1,11 @@
-"""Repository rules that keep Bazel offline: a local @rules_cc and a Python toolchain on .venv.
+"""Repository rules that keep Bazel offline: local rule sets, a coverage stand-in, a .venv toolchain.
 
 Bazel 4's built-in packages that toolchain resolution loads (@bazel_tools//tools/cpp and
 //tools/jdk, the autoconfigured C++ toolchain) load `@rules_cc//cc:defs.bzl` and
 `@rules_java//java:defs.bzl`; Bazel's default WORKSPACE suffix would download those rule sets for
 that. What these files give is Bazel's native rules under their own names, so `native_rules`
-writes such forwarding macros (nothing is downloaded or copied).
+writes such forwarding macros (nothing is downloaded or copied). Every test rule also names
+@remote_coverage_tools (another download), used only by `bazel coverage`: a stand-in says so.
 `venv_python` points the Python toolchain at `<workspace>/.venv/bin/python`, the interpreter with
 the pinned requirements, by its absolute path (not resolved: the venv's site-packages follow it).
 """
@@ -80,7 +81,15 @@ toolchain(
     toolchain = ":runtime_pair",
     toolchain_type = "@bazel_tools//tools/python:toolchain_type",
 )
+
+exports_files(
+    ["requirements.txt"],
+    visibility = ["//visibility:public"],
+)
 """
+
+# The pins .venv is installed from (launch/setup.sh); not the TPU extras, which CPU hosts lack.
+_PINS = ["@//:requirements.txt", "@//:requirements-test.txt"]
 
 def _venv_python_impl(rctx):
     workspace = rctx.path(Label("@//:WORKSPACE")).dirname
@@ -91,10 +100,13 @@ def _venv_python_impl(rctx):
     rctx.file("WORKSPACE", 'workspace(name = "%s")\n' % rctx.name)
     rctx.file("BUILD", _PYTHON_BUILD.format(python = python))
 
+    # Reading the pins through labels also refetches this repository when they change.
+    rctx.file("requirements.txt", "".join([rctx.read(rctx.path(Label(pin))) for pin in _PINS]))
+
 venv_python = repository_rule(
     implementation = _venv_python_impl,
     local = True,
-    doc = "A Python toolchain whose interpreter is the workspace's .venv/bin/python.",
+    doc = "A Python toolchain whose interpreter is the workspace's .venv/bin/python; its pins.",
 )
 
 _NO_COVERAGE = """\
