@@ -11,6 +11,9 @@ command -v "$PY" >/dev/null 2>&1 || PY=python3
 DEBIAN_PACKAGES=(bubblewrap git make gcc libc6-dev binutils patch procps util-linux python3
                  python3.11 python3-venv jq sqlite3 gettext-base file less bzip2 xz-utils
                  ca-certificates)
+# Bazel only when asked (TR_BAZEL=1): Debian's bazel-bootstrap (4.2), which runs BUILD offline; its
+# autoconfigured C++ toolchain (which py_test/py_binary require) uses gcc from the list above.
+[ "${TR_BAZEL:-0}" = "1" ] && DEBIAN_PACKAGES+=(bazel-bootstrap)
 need_apt=()
 for pkg in "${DEBIAN_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
