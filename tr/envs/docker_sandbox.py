@@ -50,6 +50,7 @@ import os
 import posixpath
 import secrets
 import select
+import shlex
 import shutil
 import socket
 import stat
@@ -373,8 +374,9 @@ class DockerSandbox(ShellSandbox):
         t0 = time.monotonic()
         from tr.envs.protected import PYTHON_MOUNT
         rt = self.runtime
-        script = FRESH.format(loader=rt.loader, libpath=f"{PYTHON_MOUNT}/lib:{rt.libpath}",
-                              python=self._python)
+        script = FRESH.format(loader=shlex.quote(rt.loader),
+                              libpath=shlex.quote(f"{PYTHON_MOUNT}/lib:{rt.libpath}"),
+                              python=shlex.quote(self._python))
         exec_id, io_, pid = self._exec_start(
             [rt.loader, "--inhibit-cache", "--library-path", rt.libpath, rt.bash, "--noprofile",
              "--norc", "-c", script, "tr-fresh", command], env=run_env)
