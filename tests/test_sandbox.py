@@ -102,7 +102,8 @@ def leftovers(owner_pid: int) -> dict:
     from tr.envs.cgroups import own_cgroup
     for base in (Path("/sys/fs/cgroup/pids/tr-sandboxes"),
                  Path("/sys/fs/cgroup/freezer/tr-sandboxes"),
-                 Path("/sys/fs/cgroup/memory", own_cgroup("memory"), "tr-sandboxes")):
+                 Path("/sys/fs/cgroup/memory", own_cgroup("memory"), "tr-sandboxes"),
+                 Path("/sys/fs/cgroup/cpu", own_cgroup("cpu"))):
         if base.is_dir():
             cgs += [str(p) for p in base.glob(prefix + "*")]
     containers, images = [], []

@@ -17,7 +17,10 @@ format (:func:`format_error_observation`), the turn is counted in the record, no
 Each turn: budget checks (wall time, context, active summarisation), one generation, one command in
 the sandbox's persistent shell, one observation.  When the agent says DONE or a budget runs out the
 environment is optionally snapshotted (ReTerm: *before* the verifier, which may change it) and the
-protected verifier judges the final state.  The sandbox is closed on every path.
+protected verifier judges the final state.  A verifier error (timeout, crash, no result, an
+exception) is the agent's failed attempt unless the harness can show it is its own -- the sandbox
+died, or the verifier fails on the untouched environment too (:meth:`EpisodeEnv.verifier_fault`);
+``EpisodeRecord.verifier_fault`` records which.  The sandbox is closed on every path.
 """
 
 from __future__ import annotations
@@ -212,6 +215,9 @@ class EpisodeEnv(Protocol):
 
     def verify(self, spec: EpisodeSpec, sandbox: Any) -> Any: ...   # VerifierResult
 
+    def verifier_fault(self, spec: EpisodeSpec, sandbox: Any) -> tuple[str, str]: ...
+    # after a verifier error: ("agent" | "harness", why) -- see run_episode
+
     def close(self, sandbox: Any) -> None: ...
 
 
@@ -332,14 +338,22 @@ def run_episode(
         t0 = time.monotonic()
         try:
             vr = env.verify(spec, sandbox)
-        except Exception as e:  # noqa: BLE001
-            raise InfraError(f"verifier failed: {type(e).__name__}: {e}") from e
+            failure = None if vr.error is None else \
+                f"verifier error: {vr.error}: {getattr(vr, 'error_detail', '')}".rstrip(": ")
+        except Exception as e:  # noqa: BLE001 — judged below, like an error the verifier reports
+            vr, failure = None, f"verifier failed: {type(e).__name__}: {e}"
+        if failure is not None:
+            rec.verifier_fault, why = _judge_verifier_error(env, spec, sandbox)
+            if rec.verifier_fault == "harness":
+                raise InfraError(f"{failure} ({why})")
+            rec.error = f"{failure} (counted as the agent's failure: {why})"
         rec.verify_s = time.monotonic() - t0
-        rec.verifier = vr.to_dict()
-        rec.matched, rec.executed = float(vr.matched), int(vr.executed)
-        if vr.error is not None:
-            raise InfraError(f"verifier error: {vr.error}")
-        rec.passed = bool(vr.strict_pass)
+        if vr is not None:
+            rec.verifier = vr.to_dict()
+            rec.matched, rec.executed = float(vr.matched), int(vr.executed)
+        else:
+            rec.matched, rec.executed = 0.0, 0
+        rec.passed = failure is None and bool(vr.strict_pass)
         if done:
             status = EpisodeStatus.VERIFIED_PASS if rec.passed else EpisodeStatus.VERIFIED_FAIL
         rec.status = status
@@ -366,6 +380,18 @@ def run_episode(
         rec.wall_s = time.monotonic() - t_start
         rec.finished_at = time.time()
     return rec
+
+
+def _judge_verifier_error(env, spec, sandbox) -> tuple[str, str]:
+    """Whose fault a verifier error is: the harness's only when it can show it (the sandbox died,
+    or a canary verification of the untouched environment fails too); otherwise the agent's --
+    it can make the verifier time out, crash or find no result at will (fill the disk, turn the
+    answer into a FIFO, ``chmod 000 /logs``), and an error that were not counted would turn its
+    likely failures into "not counted"."""
+    try:
+        return env.verifier_fault(spec, sandbox)
+    except Exception as e:  # noqa: BLE001 — the judge itself broke: the harness's fault
+        return "harness", f"judging the verifier error failed: {type(e).__name__}: {e}"
 
 
 def _generate(spec, tr: Transcript, generate, budgets: Budgets, turn: int, purpose: str):

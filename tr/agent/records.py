@@ -30,8 +30,12 @@ class EpisodeStatus(str, enum.Enum):
     ``VERIFIED_PASS`` / ``VERIFIED_FAIL``: the agent declared it was done and the verifier judged.
     ``TURN_CAP`` / ``CONTEXT_OVERFLOW`` / ``AGENT_TIMEOUT``: a budget ran out; the verifier still
     judged the final state (``EpisodeRecord.passed`` holds its verdict).
-    ``INFRA_FAILURE``: the sandbox or the verifier broke — not the agent's doing, kept out of
-    training statistics.  ``CANCELLED``: stopped by the engine (over-sampling), never used.
+    ``INFRA_FAILURE``: the sandbox or the harness broke — shown not to be the agent's doing, kept
+    out of training statistics.  A verifier error (timeout, crash, no result) is infra only when
+    the harness can show it is its own (``EpisodeRecord.verifier_fault == "harness"``: the sandbox
+    died, or a canary verification of the untouched environment failed too); otherwise
+    (``verifier_fault == "agent"``) the episode keeps its verdict status with ``passed=False``.
+    ``CANCELLED``: stopped by the engine (over-sampling), never used.
     """
 
     VERIFIED_PASS = "verified_pass"
@@ -118,6 +122,9 @@ class EpisodeRecord:
     executed: int | None = None
     verifier: dict | None = None  # VerifierResult.to_dict()
     error: str | None = None
+    # None: the verifier ran cleanly; "agent": it failed but the untouched environment verifies
+    # cleanly (a failed attempt); "harness": shown to be the harness's (INFRA_FAILURE).
+    verifier_fault: str | None = None
     snapshot_ref: dict | None = None
     parent_episode_id: str | None = None
     recovery_prompt: str | None = None

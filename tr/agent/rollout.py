@@ -67,6 +67,23 @@ class TaskEnv:
 
         return verify(spec.task, sandbox)
 
+    def verifier_fault(self, spec: EpisodeSpec, sandbox) -> tuple[str, str]:
+        """After a verifier error: "harness" if the sandbox died or the verifier also fails on a
+        fresh sandbox with the task laid down and nothing done (the canary), else "agent"."""
+        from tr.envs.sandbox import make_sandbox
+        from tr.envs.tasks.runner import prepare, sandbox_config, verify
+
+        if not sandbox.alive():
+            return "harness", "the sandbox died"
+        config = sandbox_config(spec.task, self.backend, self.sandbox_config)
+        with make_sandbox(self.backend, config) as canary:
+            prepare(spec.task, canary, self.backend)
+            result = verify(spec.task, canary)
+        if result.error is not None:
+            return "harness", (f"the untouched environment fails to verify too: {result.error}: "
+                               f"{result.error_detail}")
+        return "agent", "the untouched environment verifies cleanly"
+
     def close(self, sandbox) -> None:
         try:
             sandbox.close()

@@ -85,6 +85,8 @@ class CgroupTree:
                 p.mkdir(exist_ok=False)
             for rel, value in dict(limits).items():
                 ctrl = rel.split(".", 1)[0]
+                if ctrl not in self.parents:     # a controller this host does not have
+                    continue
                 path = self.parents[ctrl] / rel
                 if path.exists():
                     _write(path, value)
@@ -176,6 +178,42 @@ class CgroupTree:
         for name in list(self.children):
             if name != "base" and not self.procs(name):
                 self.remove_child(name, wait_s=0)
+
+    def subtree_procs(self) -> set[int]:
+        """Every process in the parent pids cgroup or any cgroup below it (whoever made it)."""
+        found: set[int] = set()
+        for directory, _, files in os.walk(self.parents["pids"]):
+            if "cgroup.procs" in files:
+                found |= _read_pids(Path(directory) / "cgroup.procs")
+        return found
+
+    def kill_all(self, timeout_s: float = 5.0, keep: set[int] = frozenset()) -> set[int]:
+        """SIGKILL every process of the parent cgroup and everything below it (``keep`` aside)
+        while the whole tree is frozen, so none can fork meanwhile; after that only ``keep`` can
+        start processes.  Waits for the victims to be gone; returns those still there after
+        ``timeout_s`` (none, normally)."""
+        deadline = time.monotonic() + timeout_s
+        state = self.child("freezer", None) / "freezer.state" if "freezer" in self.parents \
+            else None
+        self.set_frozen(None, True)
+        try:
+            while state is not None and time.monotonic() < deadline:
+                try:
+                    if state.read_text().strip() == "FROZEN":
+                        break
+                except OSError:
+                    break
+                time.sleep(0.001)
+            victims = self.subtree_procs() - set(keep)
+            for pid in victims:
+                _kill(pid, signal.SIGKILL)
+        finally:
+            self.set_frozen(None, False)
+        while True:
+            left = victims & self.subtree_procs()
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.002)
 
     def destroy(self) -> None:
         """Kill every process of the tree and remove every cgroup it made."""

@@ -2,16 +2,27 @@
 
 * Container from the task image (default: the locally built ``tr-base`` image), network ``none``
   unless ``config.network``, ``mem_limit``/``memswap``, ``pids_limit``, ``nano_cpus``,
-  RLIMIT_FSIZE/CPU, ``no-new-privileges``, NET_RAW and MKNOD dropped.  PID 1 is a tiny ``sh``
-  loop (PID 1 ignores signals from inside, so ``kill -9 1`` or ``pkill sleep`` cannot stop the
-  container, and it reaps orphans).
+  RLIMIT_FSIZE/CPU, ``no-new-privileges``, Docker's default seccomp (and AppArmor, where the host
+  has it) profile, and only the capabilities system tasks use (:data:`KEPT_CAPS`: chown, file
+  permissions, setuid/setgid to other users, kill, low ports).  PID 1 is a tiny ``sh`` loop
+  (PID 1 ignores signals from inside, so ``kill -9 1`` or ``pkill sleep`` cannot stop the
+  container, and it reaps orphans).  The agent is root in the container; the container's root is
+  host root with those capabilities (Docker's user-namespace remapping is a daemon-wide setting
+  this harness does not own).
 * The writable task areas (workdir, ``/root``, ``/tmp``, ``/logs``) are bind mounts of a
-  size-limited host tmpfs (:mod:`tr.envs.workspace`), seeded from the image's own content; the
-  rest of the root filesystem is the container's writable layer (bounded per file by
-  RLIMIT_FSIZE only: the fuse-overlayfs driver here has no ``storage_opt size``).
+  size- and inode-limited ``nosuid,nodev`` host tmpfs (:mod:`tr.envs.workspace`), seeded from the
+  image's own content; the rest of the root filesystem is the container's writable layer (bounded
+  per file by RLIMIT_FSIZE only: the fuse-overlayfs driver here has no ``storage_opt size``).
 * The persistent shell is ``bash`` in a ``docker exec`` with an attached socket; per-command
   process trees are tracked with child cgroups of the container's own cgroup (pids + freezer,
-  cgroup v1, :mod:`tr.envs.cgroups`), exactly as locally.
+  cgroup v1, :mod:`tr.envs.cgroups`), exactly as locally.  ``end_session`` kills every process of
+  the container but PID 1 (frozen meanwhile), whatever cgroup or parent it has.
+* No harness step runs a program of the container, whose files the agent may have replaced: files
+  outside the areas are written and deleted from the host through ``/proc/<PID 1>/root`` with
+  ``openat(O_NOFOLLOW)`` walks, read through the Docker API, and ``run_fresh`` (setup scripts, the
+  verifier) starts the *host's* ``bash`` through the host's own loader and libraries, mounted
+  read-only at ``/opt/tr/host`` (the command's own programs are then the container's, as they
+  must be).
 * ``snapshot`` = ``docker commit`` (root filesystem; the container is paused meanwhile) + a copy of
   the areas.  Process memory and running processes are NOT preserved -- as in Recovery-Bench's
   pre-verifier commit, a restored or forked sandbox starts with a new shell.  ``restore`` replaces
@@ -23,47 +34,53 @@
   removes only those whose owner is known dead in this scope; other live processes' sandboxes
   (two test runs, a training job and a test run) are never touched.
 
-Known exposure (not closed): the agent is root in its container, and the container's root
-filesystem (``/usr``, ``/lib``, ``/bin``) is its writable layer.  So the agent can replace what the
-verifier runs on besides the read-only mounts: the dynamic loader and system libraries that the
-verifier's interpreter at ``/opt/tr/python`` loads (libc, libm, libssl...), ``/bin/sh`` and
-``/bin/bash`` that start the verifier command, and every program the tests call (``python3``,
-``git``, ``gcc``).  A self-contained interpreter (host loader + libraries mounted read-only and the
-interpreter started through that loader) would not be enough alone: the tests themselves run the
-container's programs and the agent's scripts as root next to pytest, which can rewrite the
-results file after pytest writes it -- the same exposure as "code of the agent that the tests
-import" (:mod:`tr.envs.protected`), shared with Terminal-Bench's own harness.  Closing it needs
-the agent to run unprivileged (its files and the system read-only to it) and the tests to run
-the agent's programs unprivileged too, while only the verifier (root) writes the results; the
-built-in suite's system-config tasks expect a root agent (``/etc`` edits, ``chown``), as on the
-local backend, so this is a design change for a later issue, not done here.  Locally the system
-directories are read-only host mounts, so only the agent-code route remains there.
+What stays open: the agent is root in its container, so programs and libraries *the tests call*
+(``python3``, ``git``, a replaced ``libc`` of the container) are the agent's to change, as in
+Terminal-Bench's own harness; the protected verifier's own shell, interpreter, loader and
+libraries are not (:mod:`tr.envs.protected`).  Script verifiers (``bash /tests/run-tests.sh``)
+run the container's tools by design.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import io
 import os
+import posixpath
 import secrets
 import select
+import shlex
 import shutil
 import socket
+import stat
 import tarfile
 import threading
 import time
 from pathlib import Path
 
-from tr.envs import cgroups
+from tr.envs import cgroups, filetree
 from tr.envs.images.base import LABEL, docker_client, ensure_base_image
 from tr.envs.sandbox import (CommandResult, SandboxConfig, ShellSandbox, SandboxError, Snapshot,
                              snapshot_fields)
 from tr.envs.shell import ShellProcess, ShellSession, run_to_eof
-from tr.envs.workspace import (HostWorkspace, cp_tree, default_state_dir, host_scope,
-                               owner_id, owner_is_dead, reap_stale)
+from tr.envs.workspace import (HostWorkspace, _copy_host_tree_into, copy_dir,
+                               default_state_dir, host_scope, owner_id, owner_is_dead,
+                               private_dir, reap_stale, run_reaper)
 
 OWNER_LABEL = "tr.owner"
 SNAP_REPO = "tr-snap"
 KEEPER = "trap '' TERM INT HUP QUIT USR1 USR2; while :; do sleep 3600 & wait; done"
+# Docker's default capabilities that system tasks use; the rest of the defaults (MKNOD, NET_RAW,
+# AUDIT_WRITE, SETFCAP, SETPCAP, SYS_CHROOT, FSETID) are dropped.
+KEPT_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "SETGID", "SETUID", "KILL", "NET_BIND_SERVICE")
+HOST_MOUNT = "/opt/tr/host"        # the host's system folders, read-only: the verifier's runtime
+# run_fresh's shell script: wait for "go" (the harness first moves it into its cgroup), then run
+# the command with stdin /dev/null and stderr on stdout; ``tr-python`` runs the project
+# interpreter through the host's loader (see DockerSandbox.verifier_python).
+FRESH = ('read -r _ || exit 125; exec </dev/null 2>&1; '
+         'tr-python() {{ {loader} --inhibit-cache --library-path {libpath} {python} "$@"; }}; '
+         '__tr_cmd=$1; shift; eval "$__tr_cmd"')
 SHELL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 _seed_lock = threading.Lock()
@@ -197,6 +214,8 @@ class DockerSandbox(ShellSandbox):
         self.tree: cgroups.CgroupTree | None = None
         self.session: ShellSession | None = None
         self.images: list[str] = []      # snapshot images this sandbox made (non-persistent)
+        self.runtime: HostRuntime | None = None
+        self._pid1 = 0
         self.image: str | None = None
         self._fresh_count = 0
         self._started = False
@@ -212,11 +231,11 @@ class DockerSandbox(ShellSandbox):
         self._track()
         try:
             self.client = docker_client()
-            self.state_dir.mkdir(parents=True, exist_ok=True)
+            private_dir(self.state_dir)
             if not _reaped:
                 _reaped = True
-                reap_stale_docker(self.client)
-                reap_stale(self.state_dir)
+                run_reaper(lambda: reap_stale_docker(self.client),
+                           lambda: reap_stale(self.state_dir))
             self.ws = HostWorkspace(self.areas, self.config.disk_mb, self.state_dir)
             if _from_snapshot is not None:
                 self.image = _from_snapshot.image
@@ -226,7 +245,7 @@ class DockerSandbox(ShellSandbox):
                 seed = self._seed(self.image)
                 for name in self.areas.values():
                     if (seed / name).is_dir():
-                        cp_tree(str(seed / name), self.ws.host_dir(name))
+                        copy_dir(str(seed / name), self.ws.host_dir(name))
             self._create_container()
         except BaseException:
             self.close()
@@ -266,12 +285,14 @@ class DockerSandbox(ShellSandbox):
         cfg = self.config
         mb = 1024 * 1024
         from tr.envs.protected import python_mounts
-        exe, binds = python_mounts()
+        exe, binds = python_mounts(self.state_dir)
+        runtime = host_runtime()
         mounts = [docker.types.Mount(target=path, source=self.ws.host_dir(name), type="bind")
                   for path, name in self.areas.items()]
         mounts += [docker.types.Mount(target=dst, source=src, type="bind", read_only=True)
-                   for src, dst in binds]
+                   for src, dst in binds + runtime.binds]
         self._python = exe
+        self.runtime = runtime
         env = {"PATH": SHELL_PATH, "HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb"}
         env.update(cfg.env)
         ulimits = [docker.types.Ulimit(name="fsize", soft=cfg.file_size_mb * mb,
@@ -284,10 +305,11 @@ class DockerSandbox(ShellSandbox):
             mem_limit=cfg.memory_mb * mb, memswap_limit=cfg.memory_mb * mb,
             pids_limit=cfg.pids, nano_cpus=int(cfg.cpus * 1e9), ulimits=ulimits,
             mounts=mounts, environment=env, working_dir=cfg.workdir,
-            cap_drop=["NET_RAW", "MKNOD", "AUDIT_WRITE"], security_opt=["no-new-privileges"],
+            cap_drop=["ALL"], cap_add=list(KEPT_CAPS), security_opt=["no-new-privileges"],
             labels=_owner_labels("sandbox"))
         self.container.start()
         cid = self.container.id
+        self._pid1 = self.client.api.inspect_container(cid)["State"]["Pid"]
         parents = {c: cgroups.CGROUP_V1 / c / "docker" / cid for c in ("pids", "freezer")}
         if not all(p.is_dir() for p in parents.values()):
             raise SandboxError(f"container cgroups not found at {parents['pids']} (needs the "
@@ -335,9 +357,9 @@ class DockerSandbox(ShellSandbox):
     # --- commands --------------------------------------------------------------------------
     def run_fresh(self, command: str, timeout_s: float = 30.0, *, extra_ro_binds=(),
                   env: dict | None = None, clean_env: bool = False) -> CommandResult:
-        """``bash -c command`` in a new exec (not the agent's shell), its own cgroup and
-        timeout.  Read-only binds must exist at container creation: ``extra_ro_binds`` given
-        here are refused."""
+        """``command`` in a new exec of the *host's* bash (not the agent's shell, and no program of
+        the container: :data:`HOST_MOUNT`), its own cgroup and timeout.  Read-only binds must
+        exist at container creation: ``extra_ro_binds`` given here are refused."""
         self._require()
         if extra_ro_binds:
             raise SandboxError("docker: extra_ro_binds cannot be added to a running container; "
@@ -350,9 +372,14 @@ class DockerSandbox(ShellSandbox):
         run_env = {"PYTHONPATH": "", "PYTHONSTARTUP": "", "PATH": SHELL_PATH} if clean_env else {}
         run_env.update(env or {})
         t0 = time.monotonic()
+        from tr.envs.protected import PYTHON_MOUNT
+        rt = self.runtime
+        script = FRESH.format(loader=shlex.quote(rt.loader),
+                              libpath=shlex.quote(f"{PYTHON_MOUNT}/lib:{rt.libpath}"),
+                              python=shlex.quote(self._python))
         exec_id, io_, pid = self._exec_start(
-            ["/bin/sh", "-c", 'read _ && exec /bin/bash --noprofile --norc -c "$1" </dev/null 2>&1',
-             "sh", command], env=run_env)
+            [rt.loader, "--inhibit-cache", "--library-path", rt.libpath, rt.bash, "--noprofile",
+             "--norc", "-c", script, "tr-fresh", command], env=run_env)
         try:
             if pid:
                 self.tree.move(pid, child)
@@ -390,9 +417,60 @@ class DockerSandbox(ShellSandbox):
                              truncated=out.truncated, duration_s=time.monotonic() - t0,
                              output_bytes=out.total)
 
-    def _root_exec(self, cmd: list[str]) -> tuple[int, str]:
-        r = self.container.exec_run(cmd, user="root", workdir="/")
-        return r.exit_code, r.output.decode(errors="replace")
+    # --- the container's root filesystem, from the host -------------------------------------
+    def _root_fd(self) -> int:
+        """An open folder of the container's root, through its PID 1 (host side)."""
+        try:
+            return os.open(f"/proc/{self._pid1}/root", os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as e:
+            raise SandboxError(f"the container's PID 1 ({self._pid1}) is gone: the sandbox "
+                               f"died ({e.strerror})") from e
+
+    def _open_parent(self, sandbox_path, create: bool) -> tuple[int, str]:
+        """(open parent folder, last name) of an absolute path outside the areas, walked from the
+        container's root with O_NOFOLLOW: a link on the way is an error, never followed.
+        ``create``: missing folders on the way are made (0755, root)."""
+        path = posixpath.normpath(str(sandbox_path))
+        parts = [p for p in path.split("/") if p]
+        if not path.startswith("/") or not parts or ".." in parts:
+            raise SandboxError(f"expected an absolute path below /, got {sandbox_path!r}")
+        fd = self._root_fd()
+        try:
+            for part in parts[:-1]:
+                if create:
+                    try:
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                    except FileExistsError:
+                        pass
+                nfd = os.open(part, filetree.DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = nfd
+        except OSError as e:
+            os.close(fd)
+            raise SandboxError(f"cannot reach {path!r} in the container: {e.strerror} (a link or "
+                               "file where a folder is expected?)") from e
+        return fd, parts[-1]
+
+    def _host_remove(self, sandbox_path) -> None:
+        fd, name = self._open_parent(sandbox_path, create=False)
+        try:
+            filetree.remove_entry(fd, name, filetree.Deadline(300, f"removing {sandbox_path}"))
+        except OSError as e:
+            raise SandboxError(f"remove_path {sandbox_path!r}: {e.strerror}") from e
+        finally:
+            os.close(fd)
+
+    def _host_make_dir(self, sandbox_path) -> int:
+        """``sandbox_path`` made an empty folder (whatever was there removed); returns it open."""
+        self._host_remove(sandbox_path)
+        fd, name = self._open_parent(sandbox_path, create=True)
+        try:
+            os.mkdir(name, 0o755, dir_fd=fd)
+            return os.open(name, filetree.DIR_FLAGS, dir_fd=fd)
+        except OSError as e:
+            raise SandboxError(f"cannot make the folder {sandbox_path!r}: {e.strerror}") from e
+        finally:
+            os.close(fd)
 
     # --- files -----------------------------------------------------------------------------
     def _in_areas(self, path, follow_last: bool = True) -> bool:
@@ -405,17 +483,27 @@ class DockerSandbox(ShellSandbox):
         if self._in_areas(sandbox_path):
             self.ws.write_file(sandbox_path, data, mode)
             return
-        parent, name = os.path.split(self.ws.canonical(str(sandbox_path)))
-        code, out = self._root_exec(["mkdir", "-p", parent or "/"])
-        if code != 0:
-            raise SandboxError(f"write_file {sandbox_path!r}: mkdir failed: {out.strip()}")
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), mode & 0o7777
-            tar.addfile(info, io.BytesIO(data))
-        if not self.container.put_archive(parent or "/", buf.getvalue()):
-            raise SandboxError(f"write_file {sandbox_path!r}: docker refused the archive")
+        fd, name = self._open_parent(sandbox_path, create=True)
+        try:
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if not stat.S_ISREG(st.st_mode):
+                    filetree.remove_entry(fd, name)
+            except FileNotFoundError:
+                pass
+            out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                          | os.O_CLOEXEC, mode & 0o7777, dir_fd=fd)
+            try:
+                os.fchmod(out, mode & 0o7777)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(out, view):]
+            finally:
+                os.close(out)
+        except OSError as e:
+            raise SandboxError(f"write_file {sandbox_path!r}: {e.strerror}") from e
+        finally:
+            os.close(fd)
 
     def read_file(self, sandbox_path) -> bytes:
         self._require()
@@ -443,16 +531,26 @@ class DockerSandbox(ShellSandbox):
         if self._in_areas(sandbox_path):
             self.ws.copy_in(host_path, sandbox_path)
             return
-        target = self.ws.canonical(str(sandbox_path))
-        parent, name = os.path.split(target)
-        code, out = self._root_exec(["mkdir", "-p", parent or "/"])
-        if code != 0:
-            raise SandboxError(f"copy_in {sandbox_path!r}: mkdir failed: {out.strip()}")
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            tar.add(str(host_path), arcname=name)
-        if not self.container.put_archive(parent or "/", buf.getvalue()):
-            raise SandboxError(f"copy_in {sandbox_path!r}: docker refused the archive")
+        if host_path.is_file():
+            self.write_file(sandbox_path, host_path.read_bytes(),
+                            stat.S_IMODE(host_path.stat().st_mode))
+            return
+        fd, name = self._open_parent(sandbox_path, create=True)
+        try:
+            try:
+                os.mkdir(name, 0o755, dir_fd=fd)
+            except FileExistsError:
+                pass
+            sub = os.open(name, filetree.DIR_FLAGS, dir_fd=fd)
+            try:
+                os.fchmod(sub, stat.S_IMODE(host_path.stat().st_mode))
+                _copy_host_tree_into(host_path, sub, (0, 0))
+            finally:
+                os.close(sub)
+        except OSError as e:
+            raise SandboxError(f"copy_in {sandbox_path!r}: {e.strerror}") from e
+        finally:
+            os.close(fd)
 
     def copy_out(self, sandbox_path, host_path, *, keep_symlinks: bool = True) -> list[str]:
         self._require()
@@ -481,9 +579,7 @@ class DockerSandbox(ShellSandbox):
         if self._in_areas(sandbox_path, follow_last=False):
             self.ws.remove(sandbox_path)
             return
-        code, out = self._root_exec(["rm", "-rf", "--", str(sandbox_path)])
-        if code != 0:
-            raise SandboxError(f"remove_path {sandbox_path!r}: {out.strip()}")
+        self._host_remove(sandbox_path)
 
     # --- state -----------------------------------------------------------------------------
     def snapshot(self, *, persist: bool | None = None) -> Snapshot:
@@ -533,16 +629,17 @@ class DockerSandbox(ShellSandbox):
 
     # --- protected verifier hooks -----------------------------------------------------------
     def install_tests(self, tests_dir, mount: str) -> list:
-        """Replace ``mount`` by a fresh copy of the tests; drop pytest config/conftest files the
-        agent may have planted in the folders above it."""
+        """Replace ``mount`` by a fresh copy of the tests, written from the host."""
         self._require()
-        self.remove_path(mount)
-        parent = os.path.dirname(mount.rstrip("/")) or "/"
-        planted = [os.path.join(d, f) for d in _ancestors(parent)
-                   for f in ("conftest.py", "pytest.ini", "pyproject.toml", "tox.ini",
-                             "setup.cfg", "setup.py")]
-        self._root_exec(["rm", "-f", "--", *planted])
-        self.copy_in(tests_dir, mount)
+        if self._in_areas(mount, follow_last=False):
+            self.ws.make_empty_dir(mount)
+            self.ws.copy_in(tests_dir, mount)
+            return []
+        fd = self._host_make_dir(mount)
+        try:
+            _copy_host_tree_into(Path(tests_dir), fd, (0, 0))
+        finally:
+            os.close(fd)
         return []
 
     def reset_dir(self, sandbox_path) -> None:
@@ -550,22 +647,41 @@ class DockerSandbox(ShellSandbox):
         if self._in_areas(sandbox_path, follow_last=False):
             self.ws.make_empty_dir(sandbox_path)
         else:
-            self.remove_path(sandbox_path)
-            self._root_exec(["mkdir", "-p", str(sandbox_path)])
+            os.close(self._host_make_dir(sandbox_path))
 
     def verifier_python(self) -> tuple[str, list]:
-        """The project interpreter, mounted read-only at creation; checked to still be that
-        mount (from the host, in the container's mount table)."""
+        """``tr-python``: a function of run_fresh's shell that starts the project interpreter
+        (mounted read-only at creation) through the host's loader with ``--inhibit-cache`` and
+        the host's libraries, so neither the container's loader, its ``/etc/ld.so.cache`` nor its
+        libraries (the agent's to replace) load into the verifier; ``/etc/ld.so.preload``, which
+        every loader reads, is deleted.  The mounts are checked to be still in place."""
         self._require()
-        from tr.envs.protected import PYTHON_MOUNT
+        from tr.envs.protected import FILES_MOUNT, PYTHON_MOUNT
         self.remove_path("/etc/ld.so.preload")
-        root = PYTHON_MOUNT
-        pid = self.container.attrs.get("State", {}).get("Pid") or \
-            self.client.api.inspect_container(self.container.id)["State"]["Pid"]
-        mounts = Path(f"/proc/{pid}/mountinfo").read_text().split("\n")
-        if not any(len(m.split()) > 4 and m.split()[4] == root for m in mounts):
-            raise SandboxError(f"the verifier interpreter mount {root} is gone from the container")
-        return self._python, []
+        mounts = Path(f"/proc/{self._pid1}/mountinfo").read_text().split("\n")
+        points = {m.split()[4] for m in mounts if len(m.split()) > 4}
+        for root in (PYTHON_MOUNT, FILES_MOUNT, *(dst for _, dst in self.runtime.binds)):
+            if root not in points:
+                raise SandboxError(f"the verifier's mount {root} is gone from the container")
+        return "tr-python", []
+
+    def _alive(self) -> bool:
+        import docker
+        if self.container is None or self.ws is None or self.ws.closed:
+            return False
+        try:
+            return bool(self.client.api.inspect_container(self.container.id)["State"]["Running"])
+        except (docker.errors.APIError, OSError):
+            return False
+
+    def _kill_stragglers(self) -> None:
+        """Every process of the container but its PID 1 -- whatever its cgroup or parent (an
+        orphan of a trap, a double fork) -- is killed, the container frozen meanwhile."""
+        if self.tree is None:
+            return
+        left = self.tree.kill_all(keep={self._pid1})
+        if left:
+            raise SandboxError(f"processes {sorted(left)} of the container survived SIGKILL")
 
     def _release(self) -> None:
         try:
@@ -584,13 +700,59 @@ class DockerSandbox(ShellSandbox):
             self.client.close()
 
 
-def _ancestors(path: str) -> list[str]:
-    out = []
-    while True:
-        out.append(path)
-        if path == "/":
-            return out
-        path = os.path.dirname(path)
+@dataclasses.dataclass(frozen=True)
+class HostRuntime:
+    """The host's system folders mounted read-only in every container (``binds``), and inside
+    it: the host's program loader, its library path, the host's bash."""
+
+    binds: list
+    loader: str
+    libpath: str
+    bash: str
+
+
+@functools.cache
+def host_runtime() -> HostRuntime:
+    """What the verifier's shell and interpreter run on, from the host (see :class:`HostRuntime`):
+    ``/usr`` (and ``/lib*`` where they are folders, not merged-/usr links) at ``HOST_MOUNT``."""
+    import sys
+    import sysconfig
+    binds = [(d, HOST_MOUNT + d) for d in ("/usr", "/lib", "/lib64", "/lib32")
+             if os.path.isdir(d) and not os.path.islink(d)]
+
+    def inside(host_path: str) -> str:
+        real = os.path.realpath(host_path)
+        for src, dst in binds:
+            if real.startswith(src + "/"):
+                return dst + real[len(src):]
+        raise SandboxError(f"{real} is outside the host folders mounted for the verifier")
+
+    interp = _elf_interpreter(os.path.realpath(sys.executable))
+    triplet = sysconfig.get_config_var("MULTIARCH") or f"{os.uname().machine}-linux-gnu"
+    libdirs = [d for d in (f"/usr/lib/{triplet}", f"/lib/{triplet}", "/usr/lib", "/lib")
+               if os.path.isdir(d)]
+    libpath = ":".join(dict.fromkeys(inside(d) for d in libdirs))
+    bash = shutil.which("bash") or "/bin/bash"
+    return HostRuntime(binds=binds, loader=inside(interp), libpath=libpath, bash=inside(bash))
+
+
+def _elf_interpreter(executable: str) -> str:
+    """The program interpreter (PT_INTERP) an ELF executable names, e.g. the dynamic loader."""
+    import struct
+    with open(executable, "rb") as f:
+        head = f.read(64)
+        if head[:4] != b"\x7fELF" or head[4] != 2:
+            raise SandboxError(f"{executable} is not a 64-bit ELF executable")
+        end = "<" if head[5] == 1 else ">"
+        phoff, = struct.unpack_from(end + "Q", head, 32)
+        phentsize, phnum = struct.unpack_from(end + "HH", head, 54)
+        for i in range(phnum):
+            f.seek(phoff + i * phentsize)
+            p_type, _, p_offset, _, _, p_filesz = struct.unpack(end + "IIQQQQ", f.read(40))
+            if p_type == 3:                                     # PT_INTERP
+                f.seek(p_offset)
+                return f.read(p_filesz).rstrip(b"\0").decode()
+    raise SandboxError(f"{executable} names no program interpreter (statically linked?)")
 
 
 def _is_zombie(pid: int) -> bool:

@@ -1,15 +1,27 @@
-"""The local sandbox: bubblewrap, no network, own PID namespace, cgroup limits.
+"""The local sandbox: bubblewrap, its own user namespace, no network, cgroup limits.
+
+Who runs as what: bubblewrap starts as host root and builds the sandbox's mount, PID, network,
+IPC and UTS namespaces (they belong to the host's user namespace); then ``nsenter --user``
+moves the sandbox's first process into the sandbox's own user namespace (:mod:`tr.envs.userns`)
+as its uid/gid 0, ``setpriv`` empties its capability sets, and a seccomp filter
+(:mod:`tr.envs.seccomp`) is in force.  So the agent is root inside (it owns the writable areas
+and the ``/etc`` copy) but, to the host kernel, the unprivileged subordinate uid ``BASE`` with
+no capabilities anywhere: host sysctls, host processes and host files other than its own are out
+of reach, ``/proc/sys`` is read-only besides, and it cannot make new namespaces.  Host files it
+sees (``/usr``) are owned by ``nobody`` inside.  Without root (no right to map ids) the sandbox
+falls back to bubblewrap's own unprivileged user namespace.
 
 Layout inside: host ``/usr`` (and the merged-/usr links ``/bin``, ``/lib*``, ``/sbin``) read-only;
 ``/proc`` and a minimal ``/dev`` of its own; writable ``/app`` (the workdir), ``/root`` (home),
-``/tmp``, ``/logs`` (verifier results), ``/dev/shm`` and a copy of the host ``/etc`` (secrets such as shadow files and ssh keys left out), all
-folders of one size-limited tmpfs (:mod:`tr.envs.workspace`).  Nothing else of the host exists
-inside (no ``/work``, no host ``/root``).  All namespaces are unshared, capabilities dropped,
-``--die-with-parent`` and ``--new-session``.
+``/tmp``, ``/logs`` (verifier results), ``/dev/shm`` and a copy of the host ``/etc`` (only its
+world-readable entries, secrets such as ssh keys left out), all folders of one size- and
+inode-limited ``nosuid,nodev`` tmpfs (:mod:`tr.envs.workspace`).  Nothing else of the host exists
+inside (no ``/work``, no host ``/root``).  ``--die-with-parent`` and ``--new-session``.
 
-Limits: a cgroup v1 per sandbox (``pids.max``, ``memory.limit_in_bytes`` + ``memsw``) when the host
-allows it, else RLIMIT_AS and RLIMIT_NPROC (NPROC then counts per uid, a weaker bound);
-RLIMIT_FSIZE and RLIMIT_CPU always.  Disk: the tmpfs ``size=``.
+Limits: a cgroup v1 per sandbox (``pids.max``, ``memory.limit_in_bytes`` + ``memsw``, and
+``cpu.cfs_quota_us`` = ``cpus`` cores across all its processes) when the host allows it, else
+RLIMIT_AS and RLIMIT_NPROC (NPROC then counts per uid, a weaker bound) and no CPU quota;
+RLIMIT_FSIZE and RLIMIT_CPU always.  Disk: the tmpfs ``size=`` and ``nr_inodes=``.
 """
 
 from __future__ import annotations
@@ -19,21 +31,30 @@ import os
 import secrets
 import shlex
 import shutil
+import stat
 import subprocess
 import threading
 import time
 from pathlib import Path
 
-from tr.envs import cgroups
+from tr.envs import cgroups, seccomp
 from tr.envs.sandbox import (CommandResult, SandboxConfig, SandboxError, ShellSandbox, Snapshot,
                              snapshot_fields)
 from tr.envs.shell import PipeIO, ShellProcess, ShellSession, run_to_eof
-from tr.envs.workspace import HostWorkspace, default_state_dir, reap_stale
+from tr.envs.userns import UserNamespace, UserNamespaceError, shift_owners
+from tr.envs.workspace import (HostWorkspace, default_state_dir, private_dir, reap_stale,
+                               run_reaper)
 
 BWRAP = shutil.which("bwrap") or "/usr/bin/bwrap"
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CGROUP_GROUP = "tr-sandboxes"
-# Host /etc entries never copied into a sandbox (secrets, engine configs).
+CPU_PERIOD_US = 100_000
+ETC_SOURCE = "/etc"
+# Capabilities the launcher keeps until the sandbox's first process has joined its user namespace
+# (nsenter: SYS_ADMIN) and emptied its capability sets (setpriv: SETPCAP).
+LAUNCH_CAPS = ("CAP_SYS_ADMIN", "CAP_SETPCAP")
+# Host /etc entries never copied into a sandbox (secrets, engine configs); besides these only
+# world-readable entries are copied.
 ETC_EXCLUDE = ("shadow", "shadow-", "gshadow", "gshadow-", "ssh", "ssl/private", "docker",
                "containerd", "sudoers", "sudoers.d", "security/opasswd", "machine-id",
                "ld.so.preload")
@@ -42,16 +63,19 @@ _etc_lock = threading.Lock()
 _reaped = False
 
 
-def etc_template(state_dir: Path) -> Path:
-    """A cached copy of host /etc minus :data:`ETC_EXCLUDE` (built once, atomically)."""
-    dest = state_dir / "etc-template"
+def etc_template(state_dir: Path, base: int = 0, count: int = 0) -> Path:
+    """A cached copy of host /etc: its world-readable entries minus :data:`ETC_EXCLUDE` (built
+    once, atomically).  With a sandbox id range ``base:count``, owners are shifted into it, so
+    the sandbox's root owns the copy as root owns the host's."""
+    dest = state_dir / (f"etc-template-{base}" if base else "etc-template")
     with _etc_lock:
         if dest.is_dir():
             return dest
-        tmp = state_dir / f"etc-template.{os.getpid()}.{secrets.token_hex(4)}"
-        shutil.copytree("/etc", tmp, symlinks=True, ignore_dangling_symlinks=True,
-                        ignore=_etc_ignore)
+        tmp = state_dir / f"{dest.name}.{os.getpid()}.{secrets.token_hex(4)}"
+        shutil.copytree(ETC_SOURCE, tmp, symlinks=True, ignore=_etc_ignore)
         (tmp / "hostname").write_text("tr-sandbox\n")
+        if base:
+            shift_owners(tmp, base, count)
         try:
             os.rename(tmp, dest)
         except OSError:
@@ -59,14 +83,29 @@ def etc_template(state_dir: Path) -> Path:
         return dest
 
 
+def world_readable(st: os.stat_result) -> bool:
+    """Whether any host user may read this /etc entry: a link, a file readable by others, or a
+    folder others may list and enter.  Sockets, FIFOs and devices never are."""
+    if stat.S_ISLNK(st.st_mode):
+        return True
+    if stat.S_ISREG(st.st_mode):
+        return bool(st.st_mode & stat.S_IROTH)
+    if stat.S_ISDIR(st.st_mode):
+        return st.st_mode & (stat.S_IROTH | stat.S_IXOTH) == stat.S_IROTH | stat.S_IXOTH
+    return False
+
+
 def _etc_ignore(directory: str, names: list[str]) -> set[str]:
-    rel = os.path.relpath(directory, "/etc")
+    rel = os.path.relpath(directory, ETC_SOURCE)
     skip = set()
     for n in names:
         path = n if rel == "." else os.path.join(rel, n)
-        if path in ETC_EXCLUDE:
+        try:
+            st = os.lstat(os.path.join(directory, n))
+        except OSError:
             skip.add(n)
-        elif not os.access(os.path.join(directory, n), os.R_OK):
+            continue
+        if path in ETC_EXCLUDE or not world_readable(st):
             skip.add(n)
     return skip
 
@@ -101,6 +140,7 @@ class LocalSandbox(ShellSandbox):
         self.ws: HostWorkspace | None = None
         self.tree: cgroups.CgroupTree | None = None
         self.session: ShellSession | None = None
+        self.userns: UserNamespace | None = None
         self._fresh_count = 0
         self._closed = False
         self._started = False
@@ -113,19 +153,30 @@ class LocalSandbox(ShellSandbox):
         self._started = True
         self._track()
         try:
-            self.state_dir.mkdir(parents=True, exist_ok=True)
+            private_dir(self.state_dir)
             if not _reaped:
                 _reaped = True
-                reap_stale(self.state_dir)
-                reap_stale_cgroups()
+                run_reaper(lambda: reap_stale(self.state_dir), reap_stale_cgroups)
+            if os.geteuid() == 0:       # never run the agent as host root: map it elsewhere
+                try:
+                    self.userns = UserNamespace()
+                except UserNamespaceError as e:
+                    raise SandboxError(f"the local sandbox needs a user namespace: {e}") from e
+                owner = self.userns.root
+                etc = etc_template(self.state_dir, self.userns.base, self.userns.count)
+            else:
+                owner = (os.getuid(), os.getgid())
+                etc = etc_template(self.state_dir)
+            self.etc_template = etc
             self.ws = HostWorkspace(self.areas, self.config.disk_mb, self.state_dir,
-                                    overlays={"etc": str(etc_template(self.state_dir))})
+                                    overlays={"etc": str(etc)}, owner=owner)
             if _from_snapshot is not None:
                 self.ws.load(Path(_from_snapshot))
             self.tree = self._make_cgroups()
             tracker = (cgroups.CgroupTracker(self.tree) if self.tree is not None else None)
             self.session = ShellSession(self._spawn_shell, tracker or _LazyScan(self),
                                         self.config.output_cap_bytes,
+                                        prelude=self._close_inherited(),
                                         init=f"cd {self.config.workdir}")
             self.session.ensure_started()
         except BaseException:
@@ -142,23 +193,40 @@ class LocalSandbox(ShellSandbox):
         for c in ("pids", "freezer"):
             (root / c / CGROUP_GROUP).mkdir(exist_ok=True)
             parents[c] = root / c / CGROUP_GROUP / name
-        mem = root / "memory" / cgroups.own_cgroup("memory") / CGROUP_GROUP
-        mem.mkdir(parents=True, exist_ok=True)
-        parents["memory"] = mem / name
+        if (root / "memory" / "cgroup.procs").exists():   # nested in ours: our limit bounds it
+            group = root / "memory" / cgroups.own_cgroup("memory") / CGROUP_GROUP
+            group.mkdir(parents=True, exist_ok=True)
+            parents["memory"] = group / name
+        if (root / "cpu" / "cgroup.procs").exists():
+            # Directly in ours, no shared parent group: each sandbox then weighs as much as one
+            # process of ours (a shared parent would split one process's weight among them all).
+            parents["cpu"] = root / "cpu" / cgroups.own_cgroup("cpu") / name
         mem_bytes = str(self.config.memory_mb * 1024 * 1024)
         limits = {"pids.max": str(self.config.pids),
                   "memory.limit_in_bytes": mem_bytes,
-                  "memory.memsw.limit_in_bytes": mem_bytes}
+                  "memory.memsw.limit_in_bytes": mem_bytes,
+                  "cpu.cfs_period_us": str(CPU_PERIOD_US),
+                  "cpu.cfs_quota_us": str(max(1000, round(self.config.cpus * CPU_PERIOD_US)))}
         return cgroups.CgroupTree(parents, owned=True, limits=limits)
 
     def _bwrap_args(self, extra_ro_binds=(), etc_binds=()) -> list[str]:
         ws, cfg = self.ws, self.config
-        args = ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-                "--hostname", "tr-sandbox"]
-        if cfg.network:
-            args.append("--share-net")
+        if self.userns is not None:
+            # No bwrap user namespace: the mounts are made as host root (so they belong to the
+            # host's namespaces) and the launch chain (_confined) joins ours afterwards.
+            args = ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
+            if not cfg.network:
+                args.append("--unshare-net")
+            args += ["--cap-drop", "ALL"]
+            for cap in LAUNCH_CAPS:
+                args += ["--cap-add", cap]
+        else:
+            args = ["--unshare-all", "--cap-drop", "ALL"]
+            if cfg.network:
+                args.append("--share-net")
+        args += ["--die-with-parent", "--new-session", "--hostname", "tr-sandbox"]
         args += _system_binds()
-        args += ["--proc", "/proc", "--dev", "/dev",
+        args += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev",
                  "--bind", ws.host_dir("etc"), "/etc",
                  "--bind", ws.host_dir("home"), "/root",
                  "--bind", ws.host_dir("tmp"), "/tmp",
@@ -169,27 +237,55 @@ class LocalSandbox(ShellSandbox):
                  "--bind", ws.host_dir("shm"), "/dev/shm", "--remount-ro", "/dev"]
         for src, dst in etc_binds:
             args += ["--ro-bind", str(src), str(dst)]
+        mounted = {"/usr", "/etc", "/root", "/tmp", "/logs", "/dev", "/proc", "/var", cfg.workdir}
+        made: set[str] = set()
         for src, dst in extra_ro_binds:
             if not os.path.exists(src):
                 raise SandboxError(f"extra_ro_binds: host path {src} does not exist")
+            args += _parent_dirs(str(dst), mounted, made)
             args += ["--ro-bind", str(src), str(dst)]
+            mounted.add(str(dst))
         args += ["--remount-ro", "/", "--chdir", cfg.workdir]
         return args
+
+    def _close_inherited(self) -> str:
+        """Shell text that closes the user-namespace descriptor the launch chain inherited (run
+        first thing by the sandbox's bash, before any command of the agent or the verifier)."""
+        return f"exec {self.userns.fd}<&- ; " if self.userns is not None else ""
+
+    def _confined(self, argv: list[str]) -> list[str]:
+        """The sandbox's command started as root of its user namespace with no capabilities:
+        ``nsenter`` joins the namespace as uid/gid 0 (clearing groups), ``setpriv`` empties the
+        capability sets that execve would give that root."""
+        if self.userns is None:
+            return argv
+        return ["/usr/bin/nsenter", f"--user=/proc/self/fd/{self.userns.fd}", "--setuid", "0",
+                "--setgid", "0", "--", "/usr/bin/setpriv", "--inh-caps=-all",
+                "--bounding-set=-all", "--", *argv]
 
     def _popen_bwrap(self, cgroup_child: str | None, options: list[str], command: list[str],
                      **kwargs) -> subprocess.Popen:
         """Start bwrap with ``options`` passed through a pipe (``--args``), so the sandbox's
-        /proc/1/cmdline does not show the host folders behind its mounts."""
-        r, w = os.pipe()
+        /proc/1/cmdline does not show the host folders behind its mounts, and the seccomp filter
+        through another (``--seccomp``)."""
+        fds = []
+        program = _seccomp_program() if self.userns is not None else None
         try:
-            os.write(w, b"".join(o.encode() + b"\0" for o in options))
+            args_fd = _pipe_with(b"".join(o.encode() + b"\0" for o in options))
+            fds.append(args_fd)
+            head = [BWRAP, "--args", str(args_fd)]
+            if program is not None:
+                seccomp_fd = _pipe_with(program)
+                fds.append(seccomp_fd)
+                head += ["--seccomp", str(seccomp_fd)]
+            if self.userns is not None:
+                fds.append(self.userns.fd)
+            return subprocess.Popen(self._launcher(cgroup_child) + head + self._confined(command),
+                                    pass_fds=tuple(fds), close_fds=True, **kwargs)
         finally:
-            os.close(w)
-        try:
-            return subprocess.Popen(self._launcher(cgroup_child) + [BWRAP, "--args", str(r)]
-                                    + command, pass_fds=(r,), close_fds=True, **kwargs)
-        finally:
-            os.close(r)
+            for fd in fds:
+                if self.userns is None or fd != self.userns.fd:
+                    os.close(fd)
 
     def _env(self, extra: dict | None = None) -> dict:
         env = {"PATH": SANDBOX_PATH, "HOME": "/root", "USER": "root", "LOGNAME": "root",
@@ -263,7 +359,8 @@ class LocalSandbox(ShellSandbox):
         try:
             proc = self._popen_bwrap(child if self.tree is not None else None,
                                      self._bwrap_args(extra_ro_binds, etc_binds),
-                                     ["/bin/bash", "--noprofile", "--norc", "-c", command],
+                                     ["/bin/bash", "--noprofile", "--norc", "-c",
+                                      self._close_inherited() + command],
                                      stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w,
                                      env=base_env)
         finally:
@@ -370,23 +467,75 @@ class LocalSandbox(ShellSandbox):
         self.ws.make_empty_dir(sandbox_path)
 
     def verifier_python(self) -> tuple[str, list]:
-        """The project interpreter at /opt/tr/python with the project's site-packages, and the
-        loader config (ld.so.*) from the pristine /etc; read-only, in the verifier's tree only."""
+        """The project interpreter at /opt/tr/python with the project's site-packages, the
+        harness-owned files at /opt/tr/verifier and the loader config (ld.so.*) from the pristine
+        /etc copy (``/etc/ld.so.preload`` deleted); read-only, in the verifier's tree only."""
         from tr.envs.protected import python_mounts
-        exe, binds = python_mounts()
+        exe, binds = python_mounts(self.state_dir)
         self.remove_path("/etc/ld.so.preload")
-        tmpl = etc_template(self.state_dir)
+        tmpl = self.etc_template
         binds += [(str(tmpl / n), f"/etc/{n}") for n in ("ld.so.cache", "ld.so.conf",
                                                            "ld.so.conf.d") if (tmpl / n).exists()]
         return exe, binds
+
+    def _alive(self) -> bool:
+        return self.ws is not None and not self.ws.closed and self.ws.w.is_dir()
+
+    def _kill_stragglers(self) -> None:
+        """Every process of the sandbox's cgroup tree -- whatever cgroup, session or parent it
+        has -- is killed (the shell's bwrap is gone already, taking its PID namespace with it)."""
+        if self.tree is not None:
+            left = self.tree.kill_all()
+            if left:
+                raise SandboxError(f"processes {sorted(left)} of the sandbox survived SIGKILL")
 
     def _release(self) -> None:
         try:
             if self.tree is not None:
                 self.tree.destroy()
         finally:
-            if self.ws is not None:
-                self.ws.close()
+            try:
+                if self.ws is not None:
+                    self.ws.close()
+            finally:
+                if self.userns is not None:
+                    self.userns.close()
+
+
+@functools.cache
+def _seccomp_program() -> bytes | None:
+    return seccomp.program()
+
+
+def _pipe_with(data: bytes) -> int:
+    """The read end of a pipe holding ``data`` (written whole, then closed)."""
+    r, w = os.pipe()
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(w, view):]
+    except BaseException:
+        os.close(r)
+        raise
+    finally:
+        os.close(w)
+    return r
+
+
+def _parent_dirs(dst: str, mounted: set[str], made: set[str]) -> list[str]:
+    """bwrap options making the missing parents of ``dst`` world-traversable folders (bwrap
+    makes them 0700, which the sandbox's root -- not host root -- could not enter).  Paths in
+    or below ``mounted`` exist already; ``made`` collects the folders made so far."""
+    out = []
+    parts = [p for p in dst.split("/") if p][:-1]
+    for i in range(1, len(parts) + 1):
+        path = "/" + "/".join(parts[:i])
+        if path in made or any(path == m or path.startswith(m.rstrip("/") + "/")
+                               for m in mounted):
+            continue
+        out += ["--perms", "0755", "--dir", path]
+        made.add(path)
+    return out
 
 
 class _LazyScan:
@@ -456,7 +605,8 @@ def reap_stale_cgroups() -> None:
     from tr.envs.workspace import owner_is_dead
     root = cgroups.CGROUP_V1
     dirs = [root / "pids" / CGROUP_GROUP, root / "freezer" / CGROUP_GROUP,
-            root / "memory" / cgroups.own_cgroup("memory") / CGROUP_GROUP]
+            root / "memory" / cgroups.own_cgroup("memory") / CGROUP_GROUP,
+            root / "cpu" / cgroups.own_cgroup("cpu")]
     for d in dirs:
         if not d.is_dir():
             continue

@@ -1,33 +1,53 @@
-"""The protected verifier run: tests enter only after the agent is done, and the agent's leftovers
-cannot change the verdict.
+"""The protected verifier run: tests enter only after the agent is done, and nothing the agent
+wrote can change what the verifier itself runs or reads.
 
 Order (the caller takes the pre-verifier snapshot first, e.g. ``Sandbox.snapshot()``):
 
-1. ``end_session``: the agent's shell and every process it started are killed, so nothing of the
-   agent runs while the tests do.
+1. ``end_session``: the agent's shell and *every* process the agent started are killed --
+   whatever it did with traps, ``setsid``, double forks or cgroups (locally the sandbox's whole
+   cgroup tree and PID namespace, on Docker every process of the container but its PID 1) -- and
+   the backend checks that none is left, so nothing of the agent runs while the tests do.
 2. The tests are put at ``tests_mount`` (default ``/tests``), replacing whatever the agent left
    there: locally a read-only bind of the host folder that exists only in the verifier's own
-   process tree; on Docker a fresh copy.  During the episode they exist nowhere in the sandbox.
-3. ``results_dir`` (default ``/logs/verifier``) is deleted without following links and made
-   empty, so a planted symlink or pre-written result file cannot stand in for the real one.
+   process tree; on Docker a fresh copy written from the host.  During the episode they exist
+   nowhere in the sandbox.
+3. ``results_dir`` (default ``/logs/verifier``) and the verifier's home are deleted without
+   following links and made empty, so a planted symlink or pre-written result file cannot stand in
+   for the real one.  No harness step runs a program of the sandbox for this: deletes and copies
+   are host-side ``openat(O_NOFOLLOW)`` walks (Docker: through ``/proc/<pid 1>/root``).
 4. The command runs in a *fresh* shell (``run_fresh``: not the agent's shell, its own timeout)
-   with a clean environment: fixed ``PATH``, no ``PYTHONPATH``/``PYTHONSTARTUP``, user site off,
-   ``$TR_PYTHON`` the project's interpreter with pytest, mounted read-only at ``/opt/tr/python``
-   with the project's site-packages as its site-packages (local: only in the verifier's tree,
-   loader config from the pristine /etc; Docker: mounted at container creation).
-   ``PYTEST_ADDOPTS=--confcutdir=<tests>`` keeps conftest.py files outside the tests unread.
-   The command must start pytest as ``"$TR_PYTHON" -P -m pytest`` (``-P``: the cwd, where the
-   agent may plant ``pytest.py``, is not on ``sys.path``).  The flag is not put in the
-   environment (``PYTHONSAFEPATH``): every process the tests start would inherit it, and an
-   agent's ``python3 script.py`` run by a test would lose its script folder from ``sys.path``.
-5. The results folder is copied out to ``output_dir`` without following links (links skipped).
+   with a clean environment whose every configuration hook points at harness-owned files, written
+   by the host and mounted read-only at ``/opt/tr/verifier`` (:func:`verifier_files`):
+
+   * pytest is told its configuration file and root (``-c /opt/tr/verifier/pytest.ini
+     --rootdir=<tests> --confcutdir=<tests>`` in ``PYTEST_ADDOPTS``), so no ``pytest.ini``,
+     ``.pytest.ini``, ``pytest.toml``, ``pyproject.toml``, ``tox.ini``, ``setup.cfg`` or
+     ``conftest.py`` the agent planted is read; plugin autoload is off;
+   * Python: ``PYTHONPATH`` starts with a folder whose empty ``sitecustomize``/``usercustomize``
+     shadow any the agent planted (Debian's Python imports ``/etc/python3.X/sitecustomize.py``),
+     user site off, no ``PYTHONSTARTUP``; pytest runs as ``"$TR_PYTHON" -P -m pytest`` (``-P``:
+     the cwd, where the agent may plant ``pytest.py``, is not on ``sys.path``);
+   * ``OPENSSL_CONF`` (an ``/etc/ssl/openssl.cnf`` can load any shared library into every process
+     using OpenSSL, pytest's ``hashlib`` included), ``GIT_CONFIG_SYSTEM`` and ``HOME`` (a fresh
+     empty folder) are the harness's;
+   * ``$TR_PYTHON`` is the project's interpreter with pytest, read-only at ``/opt/tr/python``
+     with the project's site-packages; locally the loader configuration (``ld.so.*``) comes from
+     the pristine ``/etc`` copy and ``/etc/ld.so.preload`` is deleted.  On Docker the verifier's
+     shell and interpreter are started by the host's own loader and libraries, mounted read-only
+     (:meth:`tr.envs.docker_sandbox.DockerSandbox.verifier_python`), so neither the container's
+     ``/bin/bash`` nor its ``libc`` -- both writable by the agent there -- is in the verifier.
+   The flag is not put in the environment (``PYTHONSAFEPATH``): every process the tests start
+   would inherit it, and an agent's ``python3 script.py`` run by a test would lose its script
+   folder from ``sys.path``.
+5. The results folder is copied out to ``output_dir`` without following links (links skipped);
+   the caller reads its result file from exactly one path there.
 
 What this does not stop: code of the agent that the tests themselves import or run (its scripts,
-and on Docker any system program it replaced) runs next to pytest with pytest's rights and can
-do anything that process can, including rewriting the results file.  On Docker the agent is root
-in its container, so it could also replace system libraries and ``/bin/bash`` that the verifier
-uses (the interpreter and pytest themselves are read-only mounts); see
-:mod:`tr.envs.docker_sandbox` for why this is left open and what would close it.
+and on Docker any system program it replaced that a test calls) runs next to pytest with the
+verifier's rights and can do anything that process can, including rewriting the results file --
+the exposure Terminal-Bench's own harness has.  Task verifiers that are shell scripts
+(``reward_file`` kind: ``bash /tests/run-tests.sh``) run the sandbox's own ``bash`` and tools by
+design.
 """
 
 from __future__ import annotations
@@ -38,26 +58,71 @@ from pathlib import Path
 from tr.envs.sandbox import CommandResult, SandboxError
 
 PYTHON_MOUNT = "/opt/tr/python"     # where the project interpreter appears (read-only)
+FILES_MOUNT = "/opt/tr/verifier"    # harness-owned configuration files (read-only)
+VERIFIER_HOME = "/tmp/.tr-verifier-home"
 VERIFIER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TESTS_MOUNT = "/tests"
 RESULTS_DIR = "/logs/verifier"
+FILES_VERSION = "1"
+# The harness-owned files mounted at FILES_MOUNT (see the module doc).
+FILES = {
+    "pytest.ini": "# The protected verifier's pytest configuration (tr.envs.protected): pytest reads\n"
+                  "# this file and no configuration file of the sandbox.\n[pytest]\n",
+    "openssl.cnf": "# The protected verifier's OpenSSL configuration: the built-in defaults,\n"
+                   "# no providers or engines loaded from files.\n",
+    "gitconfig": "# The protected verifier's system-wide git configuration: empty.\n",
+    "site/sitecustomize.py": "# Shadows any sitecustomize module of the sandbox in the verifier's "
+                             "processes.\n",
+    "site/usercustomize.py": "# Shadows any usercustomize module of the sandbox in the verifier's "
+                             "processes.\n",
+}
+
+
+def verifier_files(state_dir) -> Path:
+    """The host folder of :data:`FILES` (written once per state folder, atomically; the folder
+    0755 and the files 0644, read-only to the sandbox through its mount)."""
+    from tr.envs.workspace import private_dir
+    state_dir = private_dir(Path(state_dir))
+    dest = state_dir / f"verifier-files-{FILES_VERSION}"
+    if dest.is_dir():
+        return dest
+    tmp = state_dir / f".verifier-files.{os.getpid()}.{os.urandom(4).hex()}"
+    for rel, text in FILES.items():
+        path = tmp / rel
+        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        path.write_text(text)
+        path.chmod(0o644)
+    for d in [tmp, *{(tmp / rel).parent for rel in FILES}]:
+        d.chmod(0o755)
+    try:
+        os.rename(tmp, dest)
+    except OSError:                        # another process won the race
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
 
 
 def verifier_env(python: str, tests_mount: str) -> dict:
-    """The whole environment of the verifier command (nothing inherited from the agent).
-    ``LD_LIBRARY_PATH`` points at the mounted interpreter's own libpython (its RUNPATH names its
-    host path, which does not exist inside)."""
+    """The whole environment of the verifier command (nothing inherited from the agent; every
+    configuration hook at a harness-owned file).  ``LD_LIBRARY_PATH`` points at the mounted
+    interpreter's own libpython (its RUNPATH names its host path, which does not exist inside)."""
     return {
         "LD_LIBRARY_PATH": f"{PYTHON_MOUNT}/lib",
         "PATH": VERIFIER_PATH,
-        "HOME": "/root",
+        "HOME": VERIFIER_HOME,
+        "USER": "root",          # getpass.getuser() (pytest's tmp_path) then needs no NSS lookup
+        "LOGNAME": "root",
         "LANG": "C.UTF-8",
         "TERM": "dumb",
         "TR_PYTHON": python,
         "PYTHONNOUSERSITE": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONPATH": f"{FILES_MOUNT}/site",
+        "OPENSSL_CONF": f"{FILES_MOUNT}/openssl.cnf",
+        "GIT_CONFIG_SYSTEM": f"{FILES_MOUNT}/gitconfig",
         "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-        "PYTEST_ADDOPTS": f"--confcutdir={tests_mount} -p no:cacheprovider",
+        "PYTEST_ADDOPTS": (f"-c {FILES_MOUNT}/pytest.ini --rootdir={tests_mount} "
+                           f"--confcutdir={tests_mount} -p no:cacheprovider"),
     }
 
 
@@ -78,6 +143,7 @@ def run_verifier(sandbox, tests_dir, command: str, *, timeout_s: float, output_d
     sandbox.end_session()
     binds = list(sandbox.install_tests(tests_dir, tests_mount))
     sandbox.reset_dir(results_dir)
+    sandbox.reset_dir(VERIFIER_HOME)
     python, python_binds = sandbox.verifier_python()
     result = sandbox.run_fresh(command, timeout_s=timeout_s,
                                extra_ro_binds=binds + list(python_binds),
@@ -91,12 +157,14 @@ def run_verifier(sandbox, tests_dir, command: str, *, timeout_s: float, output_d
     return result
 
 
-def python_mounts() -> tuple[str, list[tuple[str, str]]]:
-    """(interpreter path inside, [(host path, sandbox path)] read-only binds) for the verifier."""
+def python_mounts(state_dir) -> tuple[str, list[tuple[str, str]]]:
+    """(interpreter path inside, [(host path, sandbox path)] read-only binds) for the verifier:
+    the interpreter, its site-packages and the harness-owned files."""
     root, exe, site = host_python()
     rel_exe = os.path.relpath(exe, root)
     version = os.path.basename(exe)
-    binds = [(root, PYTHON_MOUNT), (site, f"{PYTHON_MOUNT}/lib/{version}/site-packages")]
+    binds = [(root, PYTHON_MOUNT), (site, f"{PYTHON_MOUNT}/lib/{version}/site-packages"),
+             (str(verifier_files(state_dir)), FILES_MOUNT)]
     return f"{PYTHON_MOUNT}/{rel_exe}", binds
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
-import shutil
 import weakref
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -66,7 +65,7 @@ class SandboxConfig:
     network: bool = False
     image: str | None = None        # docker only: the task image (default: the built tr base image)
     disk_mb: int = 1024
-    cpus: float = 1.0               # docker only: CPU quota in cores
+    cpus: float = 1.0               # CPU quota in cores across all the sandbox's processes
     persist_snapshots: bool = False
     state_dir: str | None = None    # host folder for sandbox roots and snapshots (default: $TMPDIR)
 
@@ -126,6 +125,8 @@ class Sandbox(Protocol):
 
     def end_session(self) -> None: ...
 
+    def alive(self) -> bool: ...
+
     def close(self) -> None: ...
 
     def __enter__(self) -> "Sandbox": ...
@@ -169,9 +170,25 @@ class ShellSandbox:
         return self.session.run(command, timeout_s)
 
     def end_session(self) -> None:
-        """Stop the agent's shell and every process it started; files stay."""
+        """Stop the agent's shell and every process it started -- whatever it did with traps,
+        sessions or cgroups -- and check that none is left (SandboxError if one survives);
+        files stay."""
         if self.session is not None:
             self.session.kill_shell()
+        self._kill_stragglers()
+
+    def _kill_stragglers(self) -> None:
+        """Kill whatever process of the agent the shell's own clean-up missed."""
+        raise NotImplementedError
+
+    def alive(self) -> bool:
+        """Whether the sandbox still stands: started, not closed, and its backend's resources
+        (workspace, container) in place.  False after a failure that is the harness's, not the
+        agent's (the container or its engine died)."""
+        return self._started and not self._closed and self._alive()
+
+    def _alive(self) -> bool:
+        raise NotImplementedError
 
     def _release(self) -> None:
         """Frees the backend's resources (process tree, container, images, workspace)."""
@@ -182,7 +199,8 @@ class ShellSandbox:
             return
         self._closed = True
         try:
-            self.end_session()
+            if self.session is not None:    # the rest of the agent's processes: in _release
+                self.session.kill_shell()
         finally:
             try:
                 self._release()
@@ -216,7 +234,12 @@ def discard_snapshot(snapshot: Snapshot) -> None:
         from tr.envs.docker_sandbox import remove_image
         remove_image(snapshot.image)
     if snapshot.location and os.path.isdir(snapshot.location):
-        shutil.rmtree(snapshot.location, ignore_errors=True)
+        from pathlib import Path
+        from tr.envs.workspace import remove_tree
+        try:                          # iterative: a snapshot may hold a tree of any depth
+            remove_tree(Path(snapshot.location))
+        except SandboxError:
+            pass
 
 
 # ----------------------------------------------------------------------------------------------

@@ -4,7 +4,11 @@ One ``bash --norc`` per episode reads commands from a pipe.  For each command th
 ``__tr_do; __tr_end NONCE`` then the command text and a NUL; ``__tr_do`` reads the text and
 evaluates it inside a function (stdin ``/dev/null``, so interactive programs see end-of-file),
 ``__tr_end`` prints ``__TR_DONE_<NONCE>_<exit code>`` on a saved copy of stdout.  The command runs in
-the shell itself, so cwd, variables, functions and jobs persist.  A timeout is handled by the
+the shell itself, so cwd, variables, functions and jobs persist.  The helpers are read-only
+functions that call ``builtin`` ``read``/``eval``/``printf``/``local``, so a command cannot redefine
+them, and a function it names ``printf`` or ``read`` does not break the protocol.  (A command that
+redefines ``builtin`` itself only breaks its own shell: its next command runs to its timeout and
+the shell is replaced, ``shell_restarted``.)  A timeout is handled by the
 backend's tracker (:mod:`tr.envs.cgroups`): the command's process tree is killed and the shell gets
 SIGINT, whose trap ``return``s out of the evaluating function -- even out of a builtin loop like
 ``while :; do :; done`` -- and the shell survives.  ``declare``/``typeset`` are aliased to their
@@ -27,9 +31,10 @@ exec 3>&1
 trap 'return 130 2>/dev/null' INT
 shopt -s expand_aliases
 alias declare='declare -g' typeset='typeset -g'
-__tr_eval() { eval "$__TR_CMD"; }
-__tr_do() { IFS= read -r -d '' __TR_CMD || exit 0; __tr_eval </dev/null 3>&-; }
-__tr_end() { local __tr_rc=$?; printf '__TR_DONE_%s_%d\n' "$1" "$__tr_rc" >&3; }
+__tr_eval() { builtin eval "$__TR_CMD"; }
+__tr_do() { IFS= builtin read -r -d '' __TR_CMD || exit 0; __tr_eval </dev/null 3>&-; }
+__tr_end() { builtin local __tr_rc=$?; builtin printf '__TR_DONE_%s_%d\n' "$1" "$__tr_rc" >&3; }
+readonly -f __tr_eval __tr_do __tr_end
 """
 
 SENTINEL_PREFIX = b"__TR_DONE_"
@@ -153,8 +158,11 @@ class ShellSession:
     """Drives one persistent shell; restarts it (state lost, flagged) if it died."""
 
     def __init__(self, spawn: Callable[[], ShellProcess], tracker: Tracker, cap: int,
-                 init: str = ""):
+                 init: str = "", prelude: str = ""):
+        """``prelude``: shell text run before the protocol is set up (e.g. closing a descriptor
+        the launcher inherited); ``init``: run after it, before the first command."""
         self.spawn, self.tracker, self.cap, self.init = spawn, tracker, cap, init
+        self.prelude = prelude
         self.proc: ShellProcess | None = None
         self.pending_output = b""
         self.lost_state = False
@@ -164,7 +172,7 @@ class ShellSession:
         if self.proc is not None:
             return False
         self.proc = self.spawn()
-        self.proc.io.write((SHELL_INIT + self.init + "\n").encode())
+        self.proc.io.write((self.prelude + "\n" + SHELL_INIT + self.init + "\n").encode())
         return True
 
     def run(self, command: str, timeout_s: float) -> CommandResult:

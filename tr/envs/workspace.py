@@ -1,22 +1,31 @@
 """A sandbox's writable areas on the host, and file transfer that never follows planted links.
 
 The writable areas (the task root ``/app``, home ``/root``, ``/tmp``, ``/logs`` and, locally,
-``/etc``) are folders of one size-limited tmpfs that the host mounts per sandbox
-(``size=disk_mb``: filling it fails with ENOSPC) and bind-mounts into the sandbox.  The local
+``/etc``) are folders of one tmpfs that the host mounts per sandbox -- ``nosuid,nodev``, size
+``disk_mb`` (filling it fails with ENOSPC) and ``disk_mb * INODES_PER_MB`` inodes (so a sandbox
+cannot make a million empty files that every snapshot must walk) -- and bind-mounts into the
+sandbox.  Its folders belong to the sandbox's root (``owner``: locally an unprivileged host uid,
+see :mod:`tr.envs.userns`), and so does everything the host writes there for it.  The local
 ``/etc`` is an overlay of a cached, secret-free copy of the host's ``/etc`` whose upper folder lies
-on that tmpfs: a writable copy that costs nothing at start.  Because the host holds them:
+on that tmpfs: a writable copy that costs nothing at start.  The state folder, each sandbox's
+folder and its snapshots are 0700: no other host user reaches a sandbox's files.  Because the host
+holds them:
 
-* a snapshot copies the tmpfs into a snapshot folder (ext4 and tmpfs have no reflinks): the
-  first one with ``cp -a``, later ones incrementally -- files unchanged since the previous
-  snapshot (same inode, ctime and size) become hard links to that snapshot's copy, which is safe
-  because snapshot files are never written or handed to the sandbox.  Restore empties nothing it
-  does not have to: unchanged live files stay, the rest is deleted or copied back, in place (the
-  bind mounts keep pointing at the same folders).  A fork is a new workspace filled from the
-  snapshot.  Live files are never hard-linked to snapshot files: an in-place edit would change
-  the snapshot through the shared inode.
+* a snapshot copies the tmpfs into a snapshot folder with :mod:`tr.envs.filetree` (iterative,
+  sparse-aware, setuid bits and file capabilities stripped, bounded in time): the first one in
+  full, later ones incrementally -- files unchanged since the previous snapshot (same inode, ctime
+  and size) become hard links to that snapshot's copy, which is safe because snapshot files are
+  never written or handed to the sandbox.  Restore empties nothing it does not have to: unchanged
+  live files stay, the rest is deleted or copied back, in place (the bind mounts keep pointing at
+  the same folders).  A fork is a new workspace filled from the snapshot.  Live files are never
+  hard-linked to snapshot files: an in-place edit would change the snapshot through the shared
+  inode.
 * copy_in/copy_out resolve the sandbox path in *sandbox* space (an absolute link ``/app/x ->
   /root`` means the sandbox's ``/root``) and then walk it with ``openat(O_NOFOLLOW)`` from the
   area folder, so a link swapped in meanwhile fails instead of reaching a host file.
+* clean-up (close, and the reaper of workspaces whose owner died) unmounts, then removes the tree
+  iteratively; a workspace that cannot be removed is reported and skipped, never blocking the
+  reaper or the next sandbox.
 
 Without the right to mount (not root), the areas are plain folders and ``disk_limited`` is False.
 """
@@ -24,48 +33,58 @@ Without the right to mount (not root), the areas are plain folders and ``disk_li
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
-import posixpath
 import secrets
-import shutil
 import stat
-import subprocess
 import time
 from pathlib import Path
 
+from tr.envs import filetree
 from tr.envs.sandbox import SandboxError
+
+log = logging.getLogger(__name__)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 MNT_DETACH = 2
+MS_NOSUID, MS_NODEV = 2, 4
 ROOT_PREFIX = "tr-sbx-"
 try:
     COARSE_TICK_S = max(time.clock_getres(5), 0.001)   # CLOCK_REALTIME_COARSE: file times
 except OSError:
     COARSE_TICK_S = 0.01
 CTIME_MARGIN_NS = max(50_000_000, int(4 * COARSE_TICK_S * 1e9))
+# Inodes of a workspace tmpfs: 64 per MB of disk_mb (ext4's default ratio, 1 per 16 KiB), at
+# least 4096.  A snapshot walks every inode: this bounds its time whatever the agent creates.
+INODES_PER_MB = 64
+MIN_INODES = 4096
+# Wall-clock bounds of tree operations on a workspace (generous: a full 64k-inode tmpfs takes a
+# few seconds; these only stop a pathological case from hanging an episode or the reaper).
+SNAPSHOT_TIMEOUT_S = 300.0
+REMOVE_TIMEOUT_S = 300.0
 
 
-def _mount_tmpfs(target: str, size_mb: int) -> bool:
-    r = _libc.mount(b"tr-sandbox", target.encode(), b"tmpfs", 0,
-                    f"size={size_mb}m,mode=0755".encode())
+def inode_limit(disk_mb: int) -> int:
+    """Inodes of a workspace of ``disk_mb`` MB: ``max(MIN_INODES, disk_mb * INODES_PER_MB)``."""
+    return max(MIN_INODES, disk_mb * INODES_PER_MB)
+
+
+def _mount_tmpfs(target: str, size_mb: int, owner: tuple[int, int]) -> bool:
+    options = (f"size={size_mb}m,nr_inodes={inode_limit(size_mb)},mode=0755,"
+               f"uid={owner[0]},gid={owner[1]}")
+    r = _libc.mount(b"tr-sandbox", target.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
+                    options.encode())
     return r == 0
 
 
 def _mount_overlay(lower: str, upper: str, work: str, target: str) -> bool:
     opts = f"lowerdir={lower},upperdir={upper},workdir={work}".encode()
-    return _libc.mount(b"tr-overlay", target.encode(), b"overlay", 0, opts) == 0
+    return _libc.mount(b"tr-overlay", target.encode(), b"overlay", MS_NOSUID | MS_NODEV,
+                       opts) == 0
 
 
 def _umount(target: str) -> None:
     _libc.umount2(target.encode(), MNT_DETACH)
-
-
-def _is_mountpoint(path: str) -> bool:
-    try:
-        with open("/proc/self/mountinfo") as f:
-            return any(line.split()[4] == path for line in f)
-    except OSError:
-        return False
 
 
 def _proc_start_time(pid: int) -> str | None:
@@ -116,8 +135,19 @@ def default_state_dir() -> Path:
                 Path(os.environ.get("TMPDIR", "/tmp")) / "tr-sandboxes")
 
 
+def private_dir(path: Path) -> Path:
+    """``path`` made if missing (parents too) and set to 0700: host state no other user reads."""
+    path = Path(path)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if stat.S_IMODE(path.stat().st_mode) != 0o700:
+        os.chmod(path, 0o700)
+    return path
+
+
 def reap_stale(state_dir: Path) -> int:
-    """Remove workspaces whose owning process is gone (killed -9 before it could clean up)."""
+    """Remove workspaces whose owning process is gone (killed -9 before it could clean up).
+    A workspace that cannot be removed is logged and skipped: it never stops the reaper or the
+    sandbox that called it.  Returns the number removed."""
     removed = 0
     if not state_dir.is_dir():
         return 0
@@ -129,77 +159,119 @@ def reap_stale(state_dir: Path) -> int:
         except ValueError:
             continue
         if owner_is_dead(f"{pid_s}-{start}"):
-            remove_tree(entry)
-            removed += 1
+            try:
+                remove_tree(entry)
+                removed += 1
+            except Exception as e:  # noqa: BLE001 - one bad leftover must not stop the rest
+                log.warning("could not remove the stale sandbox folder %s: %s", entry, e)
     return removed
 
 
-def remove_tree(root: Path) -> None:
-    w = str(root / "w")
+def run_reaper(*reapers) -> None:
+    """Run stale-resource reapers; one that fails is logged, never stops a sandbox's start."""
+    for reap in reapers:
+        try:
+            reap()
+        except Exception as e:  # noqa: BLE001 - leftovers of dead processes can wait
+            log.warning("reaping stale sandbox resources failed: %s: %s", type(e).__name__, e)
+
+
+def remove_tree(root: Path, timeout_s: float = REMOVE_TIMEOUT_S) -> None:
+    """Unmount everything mounted under ``root`` (deepest first), then delete it iteratively
+    without following links; raises SandboxError if that fails or takes over ``timeout_s``."""
+    prefix = str(root).rstrip("/") + "/"
     try:
         with open("/proc/self/mountinfo") as f:
             mounts = [line.split()[4] for line in f]
     except OSError:
         mounts = []
-    for m in sorted(mounts, key=len, reverse=True):   # overlays inside w first, then w
-        if m == w or m.startswith(w + "/"):
+    for m in sorted(mounts, key=len, reverse=True):
+        if m.startswith(prefix):
             _umount(m)
-    shutil.rmtree(root, ignore_errors=True)
+    deadline = filetree.Deadline(timeout_s, f"removing {root}")
+    try:
+        parent = os.open(str(root.parent), filetree.DIR_FLAGS)
+    except FileNotFoundError:
+        return
+    try:
+        filetree.remove_entry(parent, root.name, deadline)
+    except OSError as e:
+        raise SandboxError(f"removing {root} failed: {e}") from e
+    finally:
+        os.close(parent)
 
 
-def cp_tree(src: str, dst: str) -> None:
-    """``cp -ax`` src/. into dst (links copied as links, modes/times/hard links kept, mounts
-    inside -- the /etc overlay -- not entered)."""
-    r = subprocess.run(["cp", "-a", "-x", "--reflink=auto", "-T", src, dst],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SandboxError(f"copying {src} -> {dst} failed: {r.stderr.strip()}")
+def copy_dir(src: str, dst: str, *, strip: bool = True,
+             timeout_s: float = SNAPSHOT_TIMEOUT_S) -> None:
+    """Copy folder ``src``'s contents and metadata into the empty folder ``dst``
+    (:func:`tr.envs.filetree.copy_tree`: links kept, mounts inside not entered, sparse)."""
+    s = os.open(src, filetree.DIR_FLAGS)
+    try:
+        d = os.open(dst, filetree.DIR_FLAGS)
+        try:
+            filetree.copy_tree(s, d, strip=strip,
+                               deadline=filetree.Deadline(timeout_s, f"copying {src}"))
+        finally:
+            os.close(d)
+    except OSError as e:
+        raise SandboxError(f"copying {src} -> {dst} failed: {e}") from e
+    finally:
+        os.close(s)
 
 
-def empty_dir(path: str) -> None:
+def empty_dir(path: str, timeout_s: float = REMOVE_TIMEOUT_S) -> None:
     """Delete everything inside ``path`` without following links; keep ``path`` itself."""
-    with os.scandir(path) as it:
-        for e in it:
-            if e.is_dir(follow_symlinks=False):
-                shutil.rmtree(e.path)
-            else:
-                os.unlink(e.path)
+    fd = os.open(path, filetree.DIR_FLAGS)
+    try:
+        filetree.clear_dir(fd, filetree.Deadline(timeout_s, f"emptying {path}"))
+    finally:
+        os.close(fd)
 
 
 class HostWorkspace:
-    """The writable areas of one sandbox, as host folders; ``areas`` maps sandbox path -> name."""
+    """The writable areas of one sandbox, as host folders; ``areas`` maps sandbox path -> name.
+    ``owner``: the host (uid, gid) of the sandbox's root, who owns the areas and every file the
+    host writes into them."""
 
     def __init__(self, areas: dict[str, str], disk_mb: int, state_dir: Path | None = None,
-                 overlays: dict[str, str] | None = None):
+                 overlays: dict[str, str] | None = None, owner: tuple[int, int] = (0, 0)):
         """``overlays`` maps an area name to a read-only lower folder: the area is an overlay of
         it (upper/work folders ``.<name>-upper``/``.<name>-work`` on the tmpfs), so a writable
         copy of e.g. /etc costs no copying; snapshots hold only the upper (changed) part."""
         self.areas = dict(areas)
         self.overlays = dict(overlays or {})
-        self.state_dir = Path(state_dir) if state_dir else default_state_dir()
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.owner = tuple(owner)
+        self.state_dir = private_dir(Path(state_dir) if state_dir else default_state_dir())
         me = os.getpid()
         self.root = self.state_dir / f"{ROOT_PREFIX}{owner_id(me)}-{secrets.token_hex(6)}"
-        self.root.mkdir()
+        self.root.mkdir(mode=0o700)
         self.w = self.root / "w"
-        self.w.mkdir()
-        self.disk_limited = _mount_tmpfs(str(self.w), disk_mb)
+        self.w.mkdir(mode=0o700)
+        self.closed = False
+        self.disk_limited = _mount_tmpfs(str(self.w), disk_mb, self.owner)
+        if not self.disk_limited:
+            os.chown(self.w, *self.owner)
+            os.chmod(self.w, 0o755)
         for name in self.areas.values():
             (self.w / name).mkdir(exist_ok=True)
+            os.chown(self.w / name, *self.owner)
         for name in ("tmp", "shm"):
             if name in self.areas.values():
                 (self.w / name).chmod(0o1777)
-        (self.root / "snaps").mkdir()
-        self.closed = False
+        (self.root / "snaps").mkdir(mode=0o700)
         self.trusted: dict[str, dict] = {}
         self.last_snapshot: str | None = None
         if not self.disk_limited and self.overlays:   # no mount rights: plain copies
             for name, lower in self.overlays.items():
-                cp_tree(lower, self.host_dir(name))
+                copy_dir(lower, self.host_dir(name), strip=False)
             self.overlays = {}
-        for name in self.overlays:
-            (self.w / f".{name}-upper").mkdir()
-            (self.w / f".{name}-work").mkdir()
+        for name, lower in self.overlays.items():
+            upper = self.w / f".{name}-upper"
+            upper.mkdir()             # the merged folder's own owner and mode are the upper's
+            lst = os.stat(lower)
+            os.chown(upper, lst.st_uid, lst.st_gid)
+            os.chmod(upper, stat.S_IMODE(lst.st_mode))
+            (self.w / f".{name}-work").mkdir(mode=0o700)
         self._mount_overlays()
 
     def _mount_overlays(self) -> None:
@@ -230,20 +302,46 @@ class HostWorkspace:
     # writes (write_file, copy_in, remove) drop all trust.  Unchanged files are then hard-linked
     # from the previous snapshot (snapshots are never written, so sharing inodes between them is
     # safe) and left alone on restore; a snapshot's own files never become live inodes.
-
-    def _live_dev(self) -> int:
-        return os.stat(self.w).st_dev
+    # Setuid/setgid bits and file capabilities are stripped from snapshot copies, so a restored
+    # file has lost them too.
 
     def save(self, dest: Path) -> None:
         """Snapshot every area into ``dest`` (the sandbox's processes must be stopped)."""
         t_snap = time.time_ns()
-        dest.mkdir(parents=True)
+        private_dir(dest.parent)
+        dest.mkdir(mode=0o700)
+        deadline = filetree.Deadline(SNAPSHOT_TIMEOUT_S, "the snapshot")
         prev = self.last_snapshot
-        if prev is not None and prev in self.trusted and os.path.isdir(prev):
-            _copy_tree_linking(str(self.w), str(dest), prev, self.trusted[prev])
-        else:
-            cp_tree(str(self.w), str(dest))
-        self.trusted[str(dest)] = _live_keys(str(self.w), before_ns=t_snap - CTIME_MARGIN_NS)
+        trusted = self.trusted.get(prev) if prev is not None else None
+        live = os.open(str(self.w), filetree.DIR_FLAGS)
+        try:
+            out = os.open(str(dest), filetree.DIR_FLAGS)
+            try:
+                prev_fd = None
+                if trusted:
+                    try:
+                        prev_fd = os.open(prev, filetree.DIR_FLAGS)
+                    except OSError:
+                        trusted = None
+                keys: dict = {}
+                try:
+                    filetree.copy_tree(live, out, prev_fd=prev_fd, trusted=trusted,
+                                       deadline=deadline, keys_out=keys,
+                                       keys_before_ns=t_snap - CTIME_MARGIN_NS)
+                finally:
+                    if prev_fd is not None:
+                        os.close(prev_fd)
+            finally:
+                os.close(out)
+        except BaseException:
+            try:
+                remove_tree(dest)
+            except Exception:  # noqa: BLE001 - the original error matters
+                pass
+            raise
+        finally:
+            os.close(live)
+        self.trusted[str(dest)] = keys
         self.last_snapshot = str(dest)
 
     def load(self, src: Path) -> None:
@@ -253,6 +351,8 @@ class HostWorkspace:
             raise SandboxError(f"snapshot folder {src} does not exist (discarded, or its sandbox "
                                "closed without persist_snapshots)")
         trusted = self.trusted.get(str(src), {})
+        deadline = filetree.Deadline(SNAPSHOT_TIMEOUT_S, "the restore")
+        self.distrust()
         self._umount_overlays()
         try:
             names = list(self.areas.values())
@@ -260,19 +360,29 @@ class HostWorkspace:
                 names += [f".{name}-upper", f".{name}-work"]
             for name in names:
                 here, there = self.w / name, src / name
-                if not there.is_dir():
-                    empty_dir(str(here))
-                elif trusted:
-                    _sync_tree(str(there), str(here), name, trusted, {})
-                else:
-                    empty_dir(str(here))
-                    cp_tree(str(there), str(here))
+                live = os.open(str(here), filetree.DIR_FLAGS)
+                try:
+                    if not there.is_dir():
+                        filetree.clear_dir(live, deadline)
+                        continue
+                    snap = os.open(str(there), filetree.DIR_FLAGS)
+                    try:
+                        filetree.sync_tree(snap, live, _below(trusted, name), deadline=deadline)
+                    finally:
+                        os.close(snap)
+                finally:
+                    os.close(live)
         finally:
             self._mount_overlays()
         # Our own copies are exact; wait out one clock tick so that no later write can share
         # their ctime, then trust them for the next restore/snapshot of this snapshot.
         time.sleep(COARSE_TICK_S)
-        self.trusted = {str(src): _live_keys(str(self.w), before_ns=None)}
+        live = os.open(str(self.w), filetree.DIR_FLAGS)
+        try:
+            self.trusted = {str(src): filetree.trust_keys(live, before_ns=None,
+                                                          deadline=deadline)}
+        finally:
+            os.close(live)
         self.last_snapshot = str(src)
 
     def distrust(self) -> None:
@@ -340,16 +450,18 @@ class HostWorkspace:
         return split
 
     def open_dir(self, area: str, parts: list[str], create: bool) -> int:
-        """fd of the folder ``area/parts``, walked with O_NOFOLLOW (created when ``create``)."""
-        fd = os.open(self.host_dir(area), os.O_RDONLY | os.O_DIRECTORY)
+        """fd of the folder ``area/parts``, walked with O_NOFOLLOW (created when ``create``,
+        belonging to the sandbox's root)."""
+        fd = os.open(self.host_dir(area), filetree.DIR_FLAGS)
         try:
             for p in parts:
                 if create:
                     try:
                         os.mkdir(p, 0o755, dir_fd=fd)
+                        os.chown(p, *self.owner, dir_fd=fd, follow_symlinks=False)
                     except FileExistsError:
                         pass
-                nfd = os.open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                nfd = os.open(p, filetree.DIR_FLAGS, dir_fd=fd)
                 os.close(fd)
                 fd = nfd
         except OSError as e:
@@ -367,14 +479,10 @@ class HostWorkspace:
             raise SandboxError(f"cannot remove {path!r}: it is a writable area's root")
         dfd = self.open_dir(area, parts[:-1], create=False)
         try:
-            try:
-                st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
-            except FileNotFoundError:
-                return
-            if stat.S_ISDIR(st.st_mode):
-                shutil.rmtree(parts[-1], dir_fd=dfd)
-            else:
-                os.unlink(parts[-1], dir_fd=dfd)
+            filetree.remove_entry(dfd, parts[-1],
+                                  filetree.Deadline(REMOVE_TIMEOUT_S, f"removing {path}"))
+        except OSError as e:
+            raise SandboxError(f"cannot remove {path!r}: {e.strerror}") from e
         finally:
             os.close(dfd)
 
@@ -392,11 +500,14 @@ class HostWorkspace:
         dfd = self.open_dir(area, parts[:-1], create=True)
         try:
             try:
-                fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
-                             mode & 0o7777, dir_fd=dfd)
+                fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                             | os.O_NONBLOCK | os.O_CLOEXEC, mode & 0o7777, dir_fd=dfd)
             except OSError as e:
                 raise SandboxError(f"write_file {path!r}: {e.strerror}") from e
             try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise SandboxError(f"write_file {path!r}: not a regular file")
+                os.fchown(fd, *self.owner)
                 os.fchmod(fd, mode & 0o7777)
                 view = memoryview(data)
                 while view:
@@ -414,7 +525,7 @@ class HostWorkspace:
             raise SandboxError(f"read_file: {path!r} is a folder")
         dfd = self.open_dir(area, parts[:-1], create=False)
         try:
-            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
+            fd = os.open(parts[-1], filetree.FILE_FLAGS, dir_fd=dfd)
         except OSError as e:
             raise SandboxError(f"read_file {path!r}: {e.strerror}") from e
         finally:
@@ -442,35 +553,95 @@ class HostWorkspace:
         dfd = self.open_dir(area, parts, create=True)
         try:
             os.fchmod(dfd, stat.S_IMODE(host_path.stat().st_mode))
-            _copy_host_tree_into(host_path, dfd)
+            _copy_host_tree_into(host_path, dfd, self.owner)
         finally:
             os.close(dfd)
 
     def copy_out(self, path, host_path, *, keep_symlinks: bool = True) -> list[str]:
-        """Copy sandbox ``path`` to the host without following links inside it; links are kept as
-        links (or skipped with ``keep_symlinks=False``), special files skipped.  Returns the
-        relative paths that were skipped."""
+        """Copy sandbox ``path`` to the host without following links inside it (an existing
+        destination folder must be empty); links are kept as links (or skipped with
+        ``keep_symlinks=False``), special files skipped, setuid bits dropped, and the copies
+        belong to the caller.  Returns the relative paths that were skipped."""
         area, parts = self.locate(path, follow_last=False)
         host_path = Path(host_path)
-        skipped: list[str] = []
         if parts:
             dfd = self.open_dir(area, parts[:-1], create=False)
             name = parts[-1]
         else:
-            dfd = os.open(str(self.w), os.O_RDONLY | os.O_DIRECTORY)
+            dfd = os.open(str(self.w), filetree.DIR_FLAGS)
             name = area
         try:
             try:
                 st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
             except FileNotFoundError as e:
                 raise SandboxError(f"copy_out: {path!r} does not exist in the sandbox") from e
-            _copy_entry_out(dfd, name, st, host_path, keep_symlinks, skipped, "")
+            host_path.parent.mkdir(parents=True, exist_ok=True)
+            out_parent = os.open(str(host_path.parent), filetree.DIR_FLAGS)
+            try:
+                return _copy_out_entry(dfd, name, st, out_parent, host_path.name, keep_symlinks)
+            except OSError as e:
+                raise SandboxError(f"copy_out {path!r} -> {host_path}: {e}") from e
+            finally:
+                os.close(out_parent)
         finally:
             os.close(dfd)
-        return skipped
 
 
-def _copy_host_tree_into(src: Path, dfd: int) -> None:
+def _below(trusted: dict, name: str) -> dict:
+    """The trust keys of area ``name``, relative to that area's folder."""
+    prefix = name + "/"
+    return {k[len(prefix):]: v for k, v in trusted.items() if k.startswith(prefix)}
+
+
+def _copy_out_entry(src_dir: int, name: str, st: os.stat_result, dst_dir: int, dst_name: str,
+                    keep_symlinks: bool) -> list[str]:
+    """copy_out of one entry (a whole tree for a folder) to ``dst_name`` in ``dst_dir``."""
+    if not stat.S_ISDIR(st.st_mode):
+        try:
+            dst = os.stat(dst_name, dir_fd=dst_dir, follow_symlinks=False)
+            if stat.S_ISDIR(dst.st_mode):
+                raise SandboxError(f"copy_out: the destination {dst_name} is a folder")
+            os.unlink(dst_name, dir_fd=dst_dir)
+        except FileNotFoundError:
+            pass
+        if name != dst_name:      # copy_entry keeps the name: go through a private temp name
+            tmp = f".tr-copy-{secrets.token_hex(6)}"
+            os.mkdir(tmp, 0o700, dir_fd=dst_dir)
+            try:
+                tfd = os.open(tmp, filetree.DIR_FLAGS, dir_fd=dst_dir)
+                try:
+                    ok = filetree.copy_entry(src_dir, tfd, name, st, owner=False,
+                                             keep_symlinks=keep_symlinks)
+                    if ok:
+                        os.rename(name, dst_name, src_dir_fd=tfd, dst_dir_fd=dst_dir)
+                finally:
+                    os.close(tfd)
+            finally:
+                filetree.remove_entry(dst_dir, tmp)
+        else:
+            ok = filetree.copy_entry(src_dir, dst_dir, name, st, owner=False,
+                                     keep_symlinks=keep_symlinks)
+        return [] if ok else [name]
+    try:
+        os.mkdir(dst_name, 0o700, dir_fd=dst_dir)
+    except FileExistsError:
+        pass
+    out = os.open(dst_name, filetree.DIR_FLAGS, dir_fd=dst_dir)
+    try:
+        if os.listdir(out):
+            raise SandboxError(f"copy_out: the destination folder {dst_name} is not empty")
+        sub = os.open(name, filetree.DIR_FLAGS, dir_fd=src_dir)
+        try:
+            return filetree.copy_tree(sub, out, owner=False, keep_symlinks=keep_symlinks)
+        finally:
+            os.close(sub)
+    finally:
+        os.close(out)
+
+
+def _copy_host_tree_into(src: Path, dfd: int, owner: tuple[int, int]) -> None:
+    """Copy a host folder's contents (harness input: the task's files) into open folder
+    ``dfd``, merged; every entry made belongs to ``owner``."""
     for entry in os.scandir(src):
         if entry.is_symlink():
             try:
@@ -480,6 +651,7 @@ def _copy_host_tree_into(src: Path, dfd: int) -> None:
             except IsADirectoryError:
                 pass
             os.symlink(os.readlink(entry.path), entry.name, dir_fd=dfd)
+            os.chown(entry.name, *owner, dir_fd=dfd, follow_symlinks=False)
         elif entry.is_dir():
             try:
                 os.mkdir(entry.name, 0o755, dir_fd=dfd)
@@ -487,15 +659,17 @@ def _copy_host_tree_into(src: Path, dfd: int) -> None:
                 pass
             sub = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
             try:
+                os.fchown(sub, *owner)
                 os.fchmod(sub, stat.S_IMODE(entry.stat().st_mode))
-                _copy_host_tree_into(Path(entry.path), sub)
+                _copy_host_tree_into(Path(entry.path), sub, owner)
             finally:
                 os.close(sub)
         elif entry.is_file():
             mode = stat.S_IMODE(entry.stat().st_mode)
-            fd = os.open(entry.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode,
-                         dir_fd=dfd)
+            fd = os.open(entry.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                         | os.O_NONBLOCK, mode, dir_fd=dfd)
             try:
+                os.fchown(fd, *owner)
                 os.fchmod(fd, mode)
                 with open(entry.path, "rb") as f:
                     while chunk := f.read(1 << 20):
@@ -504,167 +678,3 @@ def _copy_host_tree_into(src: Path, dfd: int) -> None:
                             view = view[os.write(fd, view):]
             finally:
                 os.close(fd)
-
-
-def _copy_entry_out(dfd: int, name: str, st: os.stat_result, dest: Path, keep_symlinks: bool,
-                    skipped: list[str], rel: str) -> None:
-    mode = st.st_mode
-    if stat.S_ISLNK(mode):
-        if keep_symlinks:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            if dest.is_symlink() or dest.exists():
-                dest.unlink()
-            os.symlink(os.readlink(name, dir_fd=dfd), dest)
-        else:
-            skipped.append(rel or name)
-    elif stat.S_ISDIR(mode):
-        dest.mkdir(parents=True, exist_ok=True)
-        sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
-        try:
-            for child in os.listdir(sub):
-                cst = os.stat(child, dir_fd=sub, follow_symlinks=False)
-                _copy_entry_out(sub, child, cst, dest / child, keep_symlinks, skipped,
-                                posixpath.join(rel, child) if rel else child)
-        finally:
-            os.close(sub)
-        os.chmod(dest, stat.S_IMODE(mode) | 0o700)
-    elif stat.S_ISREG(mode):
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):   # swapped meanwhile
-                skipped.append(rel or name)
-                return
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            if dest.is_symlink():
-                dest.unlink()
-            with open(dest, "wb") as out:
-                while chunk := os.read(fd, 1 << 20):
-                    out.write(chunk)
-            os.chmod(dest, stat.S_IMODE(mode))
-        finally:
-            os.close(fd)
-    else:
-        skipped.append(rel or name)
-
-
-# ----------------------------------------------------------------------------------------------
-# Incremental snapshot helpers (see HostWorkspace: "Incremental").
-
-def _walk(root: str):
-    """(relative path, lstat) of everything under ``root``, not entering other mounts."""
-    dev = os.lstat(root).st_dev
-    stack = [""]
-    while stack:
-        rel = stack.pop()
-        with os.scandir(os.path.join(root, rel) if rel else root) as it:
-            for e in it:
-                r = f"{rel}/{e.name}" if rel else e.name
-                st = e.stat(follow_symlinks=False)
-                yield r, st
-                if stat.S_ISDIR(st.st_mode) and st.st_dev == dev:
-                    stack.append(r)
-
-
-def _live_keys(root: str, before_ns: int | None) -> dict[str, tuple[int, int, int]]:
-    """Trust keys of the single-link regular files and links under ``root`` whose ctime is
-    older than ``before_ns`` (None: all)."""
-    keys = {}
-    for rel, st in _walk(root):
-        if (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)) and st.st_nlink == 1 and \
-                (before_ns is None or st.st_ctime_ns < before_ns):
-            keys[rel] = (st.st_ino, st.st_ctime_ns, st.st_size)
-    return keys
-
-
-def _copy_meta(st: os.stat_result, dst: str, src: str | None = None) -> None:
-    """Mode, owner, times -- and extended attributes (overlayfs keeps "opaque folder" marks in
-    ``trusted.overlay.*``) when ``src`` is given."""
-    if src is not None and not stat.S_ISLNK(st.st_mode):
-        try:
-            for name in os.listxattr(src, follow_symlinks=False):
-                os.setxattr(dst, name, os.getxattr(src, name, follow_symlinks=False),
-                            follow_symlinks=False)
-        except OSError:
-            pass
-    if not stat.S_ISLNK(st.st_mode):
-        os.chmod(dst, stat.S_IMODE(st.st_mode))
-    try:
-        os.chown(dst, st.st_uid, st.st_gid, follow_symlinks=False)
-    except OSError:
-        pass
-    os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
-
-
-def _copy_entry(src: str, dst: str, st: os.stat_result, links: dict) -> None:
-    """Copy one non-directory entry; ``links`` maps source inode -> first copy (hard links)."""
-    mode = st.st_mode
-    if stat.S_ISREG(mode):
-        if st.st_nlink > 1 and st.st_ino in links:
-            os.link(links[st.st_ino], dst)
-            return
-        shutil.copyfile(src, dst, follow_symlinks=False)
-        links[st.st_ino] = dst
-    elif stat.S_ISLNK(mode):
-        os.symlink(os.readlink(src), dst)
-    elif stat.S_ISFIFO(mode):
-        os.mkfifo(dst)
-    elif stat.S_ISCHR(mode) and st.st_rdev == 0:       # overlayfs whiteout
-        os.mknod(dst, mode, 0)
-    else:
-        return                                          # sockets, devices: not kept
-    _copy_meta(st, dst, src)
-
-
-def _copy_tree_linking(live: str, dest: str, prev: str, trusted: dict) -> None:
-    """Snapshot ``live`` into ``dest``: trusted unchanged files become hard links to their copy
-    in the previous snapshot ``prev``, the rest is copied."""
-    dirs, links = [], {}
-    for rel, st in _walk(live):
-        src, dst = os.path.join(live, rel), os.path.join(dest, rel)
-        if stat.S_ISDIR(st.st_mode):
-            os.mkdir(dst)
-            dirs.append((rel, st))
-            continue
-        key = (st.st_ino, st.st_ctime_ns, st.st_size)
-        if st.st_nlink == 1 and trusted.get(rel) == key:
-            try:
-                os.link(os.path.join(prev, rel), dst, follow_symlinks=False)
-                continue
-            except OSError:
-                pass
-        _copy_entry(src, dst, st, links)
-    for rel, st in reversed(dirs):
-        _copy_meta(st, os.path.join(dest, rel), os.path.join(live, rel))
-    _copy_meta(os.lstat(live), dest, live)
-
-
-def _sync_tree(snap: str, live: str, rel: str, trusted: dict, links: dict) -> None:
-    """Make folder ``live`` equal to ``snap`` keeping trusted unchanged files."""
-    snap_entries = {e.name: e.stat(follow_symlinks=False) for e in os.scandir(snap)}
-    kept = set()
-    with os.scandir(live) as it:
-        for e in it:
-            lst = e.stat(follow_symlinks=False)
-            sst = snap_entries.get(e.name)
-            r = f"{rel}/{e.name}"
-            if sst is not None and stat.S_IFMT(lst.st_mode) == stat.S_IFMT(sst.st_mode):
-                if stat.S_ISDIR(lst.st_mode):
-                    continue
-                if lst.st_nlink == 1 and trusted.get(r) == \
-                        (lst.st_ino, lst.st_ctime_ns, lst.st_size):
-                    kept.add(e.name)
-                    continue
-            if stat.S_ISDIR(lst.st_mode):
-                shutil.rmtree(e.path)
-            else:
-                os.unlink(e.path)
-    for name, sst in snap_entries.items():
-        src, dst = os.path.join(snap, name), os.path.join(live, name)
-        if stat.S_ISDIR(sst.st_mode):
-            if not os.path.isdir(dst) or os.path.islink(dst):
-                os.mkdir(dst)
-            _sync_tree(src, dst, f"{rel}/{name}", trusted, links)
-        elif name not in kept:
-            _copy_entry(src, dst, sst, links)
-    _copy_meta(os.lstat(snap), live, snap)
-

@@ -197,7 +197,7 @@ def run_attempt(task: Task, sandbox, attempt: str) -> list:
             break
         results.append(sandbox.run(turn, timeout_s=left))
     if task.layout != "tr":
-        sandbox.run_fresh(f"rm -rf {SOLUTION_DIR}", timeout_s=30)
+        sandbox.remove_path(SOLUTION_DIR)    # from the host: no program of the sandbox runs
     return results
 
 
@@ -205,9 +205,11 @@ def run_attempt(task: Task, sandbox, attempt: str) -> list:
 
 
 def verifier_command(task: Task, workdir: str) -> str:
-    """The shell command the protected runner executes (fresh shell, tests at /tests)."""
+    """The shell command the protected runner executes (fresh shell, tests at /tests, the results
+    folder made by the runner).  It calls no program of the sandbox before pytest: on Docker
+    those are the agent's to replace."""
     spec = task.verifier
-    cd = f"mkdir -p {RESULTS_DIR} && cd {shlex.quote(workdir)} && "
+    cd = f"cd {shlex.quote(workdir)} && "
     if spec.kind == "pytest":
         files = " ".join(shlex.quote(f"{TESTS_MOUNT}/{rel}") for rel in spec.test_files)
         return (f"{cd}TEST_DIR={TESTS_MOUNT} PYTHONDONTWRITEBYTECODE=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "
@@ -242,12 +244,13 @@ def verify(task: Task, sandbox, workdir: str | None = None) -> vr.VerifierResult
 
 
 def _read_results(out: Path) -> dict[str, str]:
-    """The result files the verifier wrote (searched under the copied-out directory)."""
-    wanted = (vr.JUNIT_FILENAME, *vr.REWARD_FILENAMES)
+    """The result files the verifier wrote: each read from exactly one path, the top of the
+    copied-out results folder (a file of that name anywhere below it is not a result)."""
     found: dict[str, str] = {}
-    for path in sorted(out.rglob("*")):
-        if path.is_file() and path.name in wanted and path.name not in found:
-            found[path.name] = path.read_text(encoding="utf-8", errors="replace")
+    for name in (vr.JUNIT_FILENAME, *vr.REWARD_FILENAMES):
+        path = out / name
+        if path.is_file() and not path.is_symlink():
+            found[name] = path.read_text(encoding="utf-8", errors="replace")
     return found
 
 
