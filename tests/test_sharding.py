@@ -108,9 +108,9 @@ def test_sharded_logprobs_values_and_sgd_step_equal_single_device(setup, shape):
 def test_create_sharded_builds_the_same_model_in_place_on_the_mesh(setup):
     mesh = make_mesh((1, 2, 2, 2))
     model = create_sharded(lambda: Decoder(CFG, rngs=nnx.Rngs(0)), mesh)
-    w = model.layers[0].mlp.gate_proj.get_value()
-    assert w.sharding.spec == P("fsdp", "tensor")
-    np.testing.assert_allclose(np.asarray(w), np.asarray(setup["sa"]["layers"][0]["mlp"]["gate_proj"].get_value()),
+    w = model.layers.mlp.gate_proj.get_value()
+    assert w.sharding.spec == P(None, "fsdp", "tensor")  # the stacked layer axis is not sharded
+    np.testing.assert_allclose(np.asarray(w), np.asarray(setup["sa"]["layers"]["mlp"]["gate_proj"].get_value()),
                                atol=1e-7)  # same random draws; the jitted scaling may differ by an ulp
 
 
@@ -144,6 +144,6 @@ def test_27b_layout_fits_a_pod_slice_without_allocating():
     assert total == config.param_count() * 2
     assert per_device_bytes(state, mesh_shape) < total / 250
     specs = dict(nnx.to_flat_state(state_partition_specs(state, mesh_shape)))
-    assert specs[("layers", 0, "self_attn", "q_proj")].get_value() == P("fsdp", "tensor", None)
-    assert specs[("layers", 0, "mlp", "down_proj")].get_value() == P("tensor", "fsdp")
+    assert specs[("layers", "self_attn", "q_proj")].get_value() == P(None, "fsdp", "tensor", None)
+    assert specs[("layers", "mlp", "down_proj")].get_value() == P(None, "tensor", "fsdp")
     assert specs[("lm_head",)].get_value() == P("fsdp", "tensor")

@@ -33,7 +33,9 @@ LogicalAxes = tuple[str | None, ...]
 Rules = tuple[tuple[str, tuple[str, ...]], ...]
 
 LOGICAL_AXIS_RULES: Rules = (
-    # parameters
+    # parameters (block parameters are stacked: a leading 'layers' axis, never sharded, so the
+    # layer scan slices it locally)
+    ("layers", ()),
     ("vocab", ("tensor",)),
     ("embed", ("fsdp",)),
     ("mlp", ("tensor",)),
@@ -52,7 +54,8 @@ LOGICAL_AXIS_RULES: Rules = (
     ("activation_mlp", ("tensor",)),
     ("activation_vocab", ("tensor",)),
     ("activation_head_dim", ()),
-    # decoding cache
+    # decoding cache (layer-stacked, see tr/models/decoder.py)
+    ("cache_layers", ()),
     ("cache_batch", ("data", "fsdp")),
     ("cache_length", ()),
     ("cache_kv_heads", ("tensor",)),

@@ -1,8 +1,11 @@
 """Hugging Face Qwen3 safetensors <-> NNX parameters (import and export, names, shapes, dtypes).
 
 HF `Qwen3ForCausalLM` stores linear weights as `[out, in]`; this decoder stores them as
-`[in, out]` with heads split out (`q_proj [d, H, hd]`, `o_proj [H, hd, d]`). The table below is the
-whole mapping; `export` and `import` are its two directions, so a round trip is exact.
+`[in, out]` with heads split out (`q_proj [d, H, hd]`, `o_proj [H, hd, d]`), and stacks the blocks:
+every block parameter has a leading layer axis (`layers.self_attn.q_proj [n_layers, d, H, hd]`),
+whose slice `l` is HF's `model.layers.{l}.self_attn.q_proj.weight` (converted). The table below is
+the whole mapping (a block entry's HF name holds `{layer}`); `export` and `import` are its two
+directions, so a round trip is exact.
 The critic adds `score.weight [1, d]` and `score.bias [1]` (HF token-classification naming) and
 `value_start [1]` (this project's empty-history value).
 Files: one `model.safetensors`, or shards with `model.safetensors.index.json`; `config.json`
@@ -81,25 +84,31 @@ def decoder_mapping(config: ModelConfig, *, lm_head: bool = True, prefix: tuple[
     out: list[Converter] = [(prefix + ("embed_tokens",), "model.embed_tokens.weight", _same, _same)]
     q_conv = (_heads_in_to_hf("n_heads"), _heads_in_from_hf("n_heads"))
     kv_conv = (_heads_in_to_hf("n_kv_heads"), _heads_in_from_hf("n_kv_heads"))
-    for i in range(config.n_layers):
-        p, h = prefix + ("layers", i), f"model.layers.{i}."
-        out += [
-            (p + ("input_layernorm", "weight"), h + "input_layernorm.weight", _same, _same),
-            (p + ("self_attn", "q_proj"), h + "self_attn.q_proj.weight", *q_conv),
-            (p + ("self_attn", "k_proj"), h + "self_attn.k_proj.weight", *kv_conv),
-            (p + ("self_attn", "v_proj"), h + "self_attn.v_proj.weight", *kv_conv),
-            (p + ("self_attn", "o_proj"), h + "self_attn.o_proj.weight", _o_to_hf, _o_from_hf),
-            (p + ("self_attn", "q_norm", "weight"), h + "self_attn.q_norm.weight", _same, _same),
-            (p + ("self_attn", "k_norm", "weight"), h + "self_attn.k_norm.weight", _same, _same),
-            (p + ("post_attention_layernorm", "weight"), h + "post_attention_layernorm.weight", _same, _same),
-            (p + ("mlp", "gate_proj"), h + "mlp.gate_proj.weight", _transpose, _transpose),
-            (p + ("mlp", "up_proj"), h + "mlp.up_proj.weight", _transpose, _transpose),
-            (p + ("mlp", "down_proj"), h + "mlp.down_proj.weight", _transpose, _transpose),
-        ]
+    p, h = prefix + ("layers",), "model.layers.{layer}."
+    out += [
+        (p + ("input_layernorm", "weight"), h + "input_layernorm.weight", _same, _same),
+        (p + ("self_attn", "q_proj"), h + "self_attn.q_proj.weight", *q_conv),
+        (p + ("self_attn", "k_proj"), h + "self_attn.k_proj.weight", *kv_conv),
+        (p + ("self_attn", "v_proj"), h + "self_attn.v_proj.weight", *kv_conv),
+        (p + ("self_attn", "o_proj"), h + "self_attn.o_proj.weight", _o_to_hf, _o_from_hf),
+        (p + ("self_attn", "q_norm", "weight"), h + "self_attn.q_norm.weight", _same, _same),
+        (p + ("self_attn", "k_norm", "weight"), h + "self_attn.k_norm.weight", _same, _same),
+        (p + ("post_attention_layernorm", "weight"), h + "post_attention_layernorm.weight", _same, _same),
+        (p + ("mlp", "gate_proj"), h + "mlp.gate_proj.weight", _transpose, _transpose),
+        (p + ("mlp", "up_proj"), h + "mlp.up_proj.weight", _transpose, _transpose),
+        (p + ("mlp", "down_proj"), h + "mlp.down_proj.weight", _transpose, _transpose),
+    ]
     out.append((prefix + ("norm", "weight"), "model.norm.weight", _same, _same))
     if lm_head and not config.tie_embeddings:
         out.append((prefix + ("lm_head",), "lm_head.weight", _transpose, _transpose))
     return out
+
+
+def _hf_names(hf_name: str, config: ModelConfig) -> list[str]:
+    """The HF tensor names of one mapping entry: one per layer for a stacked block parameter."""
+    if "{layer}" not in hf_name:
+        return [hf_name]
+    return [hf_name.format(layer=i) for i in range(config.n_layers)]
 
 
 def model_mapping(model: nnx.Module) -> list[Converter]:
@@ -133,7 +142,12 @@ def export_state_dict(model: nnx.Module, dtype: str | None = None) -> dict[str, 
         value = np.asarray(variables[path].get_value())
         if dtype is not None:
             value = value.astype(_NP_DTYPES[dtype])
-        tensors[hf_name] = np.ascontiguousarray(to_hf(value, model.config))
+        names = _hf_names(hf_name, model.config)
+        if len(names) == 1 and "{layer}" not in hf_name:
+            tensors[hf_name] = np.ascontiguousarray(to_hf(value, model.config))
+        else:
+            for layer, name in enumerate(names):
+                tensors[name] = np.ascontiguousarray(to_hf(value[layer], model.config))
     return tensors
 
 
@@ -149,7 +163,7 @@ def import_state_dict(model: nnx.Module, tensors: Mapping[str, np.ndarray], *, s
     config = model.config
     variables = _variables(model)
     mapping = model_mapping(model)
-    names = {m[1] for m in mapping}
+    names = {name for m in mapping for name in _hf_names(m[1], config)}
     missing = sorted(names - set(tensors))
     if missing:
         raise ValueError(f"{source}: missing {len(missing)} tensor(s) for model {config.name!r}, e.g. {missing[:4]}")
@@ -161,14 +175,18 @@ def import_state_dict(model: nnx.Module, tensors: Mapping[str, np.ndarray], *, s
                          "(wrong architecture or config?)")
     updates = []
     for path, hf_name, _, from_hf in mapping:
-        value = np.asarray(tensors[hf_name])
-        expected = _hf_shape(hf_name, config)
-        if tuple(value.shape) != expected:
-            raise ValueError(f"{origin.get(hf_name, source)}: tensor {hf_name!r} has shape {tuple(value.shape)}, "
-                             f"expected {expected} for model {config.name!r}")
         var = variables[path]
         target_dtype = np.asarray(var.get_value()).dtype
-        updates.append((path, var.replace(np.asarray(from_hf(value, config)).astype(target_dtype))))
+        slices = []
+        for name in _hf_names(hf_name, config):
+            value = np.asarray(tensors[name])
+            expected = _hf_shape(name, config)
+            if tuple(value.shape) != expected:
+                raise ValueError(f"{origin.get(name, source)}: tensor {name!r} has shape {tuple(value.shape)}, "
+                                 f"expected {expected} for model {config.name!r}")
+            slices.append(np.asarray(from_hf(value, config)).astype(target_dtype))
+        value = slices[0] if "{layer}" not in hf_name else np.stack(slices)
+        updates.append((path, var.replace(value)))
     nnx.update(model, nnx.from_flat_state(updates))
     return model
 
