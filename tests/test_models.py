@@ -305,6 +305,17 @@ def test_scan_over_layers_equals_the_unrolled_loop(model):
     assert int(c_scan.end) == 12 and bool(c_scan.valid[:, :12].all()) and not bool(c_scan.valid[:, 12:].any())
 
 
+def test_query_chunked_attention_equals_all_at_once(model):
+    """attention_chunk: the same logits and gradients, packed segments included."""
+    chunked = _variant(attention_chunk=4)
+    tokens = _tokens(20, 2, 12)
+    segments = jnp.array([[1] * 5 + [2] * 7, [3] * 12], jnp.int32)
+    np.testing.assert_allclose(np.asarray(forward_seg(chunked, tokens, segments)),
+                               np.asarray(forward_seg(model, tokens, segments)), atol=1e-5, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(_logprob_grads(model, tokens)), jax.tree.leaves(_logprob_grads(chunked, tokens))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("policy", [p for p in REMAT_POLICIES if p != "none"])
 def test_every_remat_policy_gives_the_same_gradients(model, policy):
     tokens = _tokens(16, 2, 12)

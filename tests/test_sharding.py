@@ -1,5 +1,7 @@
 """Sharding rules and meshes: sharded forward log-probs, values and one SGD step equal one device."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -103,6 +105,17 @@ def test_sharded_logprobs_values_and_sgd_step_equal_single_device(setup, shape):
         assert expected[0] == "tensor" and len(embed.addressable_shards) == 8
         assert embed.addressable_shards[0].data.shape[0] == CFG.vocab_size // shape[2]
     assert new_a["embed_tokens"].get_value().sharding.is_equivalent_to(embed.sharding, 2)
+
+
+def test_query_chunked_attention_under_context_parallelism_equals_one_device(setup):
+    """Blocks of queries taken inside each context shard: the same log-probs as the dense reference."""
+    mesh = make_mesh((1, 2, 2, 2))
+    chunked = nnx.merge(nnx.graphdef(Decoder(dataclasses.replace(CFG, attention_chunk=4), rngs=nnx.Rngs(0))),
+                        jax.device_put(setup["sa"], state_shardings(setup["sa"], mesh)))
+    tokens = jax.device_put(setup["tokens"], batch_sharding(mesh))
+    with jax.set_mesh(mesh):
+        logp, _ = nnx.jit(lambda m, t: token_logprobs(m, t, chunk_size=8))(chunked, tokens)
+    np.testing.assert_allclose(np.asarray(logp), np.asarray(setup["reference"][1]), atol=2e-5)
 
 
 def test_create_sharded_builds_the_same_model_in_place_on_the_mesh(setup):

@@ -26,6 +26,8 @@ class ModelConfig:
     maps them to `jax.checkpoint` policies): 'none' keeps every activation, 'full' recomputes the
     whole block from its input, 'minimal' keeps the weight matmuls' outputs, 'save_qkv_proj' /
     'save_attention_out' keep the named projections.
+    `attention_chunk` > 0 computes attention that many queries at a time (at most
+    `[B, H, attention_chunk, S]` scores at once; exact); 0 all queries together.
     `scan_layers` runs the stacked blocks with `lax.scan` (compile time independent of depth);
     False unrolls them in a Python loop (same parameters, same numbers; the reference form).
     RoPE: `rope_scaling='yarn'` scales the frequencies by `rope_factor` from the pre-training length
@@ -49,6 +51,7 @@ class ModelConfig:
     param_dtype: str = "float32"
     remat: str = "none"
     scan_layers: bool = True
+    attention_chunk: int = 0
     rope_scaling: str = "none"
     rope_factor: float = 1.0
     rope_original_max_len: int = 0
@@ -76,6 +79,8 @@ class ModelConfig:
                                  f"expected one of {sorted(_DTYPES)}")
         if self.rms_eps <= 0 or self.rope_theta <= 0:
             raise ValueError(f"ModelConfig({self.name!r}): rms_eps and rope_theta must be > 0")
+        if not isinstance(self.attention_chunk, int) or self.attention_chunk < 0:
+            raise ValueError(f"ModelConfig({self.name!r}).attention_chunk={self.attention_chunk!r} must be an int >= 0")
         if not isinstance(self.remat, str) or self.remat not in REMAT_NAMES:
             raise ValueError(f"ModelConfig({self.name!r}).remat={self.remat!r}; expected one of "
                              f"{REMAT_NAMES} (a policy name, not a bool: True is now 'full')")

@@ -47,7 +47,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jaxtyping import Array, Bool, Float, Int
 
 from tr.models.config import ModelConfig
-from tr.models.sharding import constrain
+from tr.models.sharding import constrain, logical_to_spec
 
 _INIT_STD = 0.02
 
@@ -178,9 +178,32 @@ def init_cache(config: ModelConfig, batch: int, length: int) -> KVCache:
                    valid=jnp.zeros((batch, length), bool), end=jnp.zeros((), jnp.int32))
 
 
-def attend(q: Float[Array, "b t h d"], k: Float[Array, "b s k d"], v: Float[Array, "b s k d"],
-           mask: Bool[Array, "b t s"]) -> Float[Array, "b t h d"]:
-    """Grouped-query softmax attention: `softmax(q k^T / sqrt(d) + mask) v`, logits in float32."""
+@struct.dataclass
+class AttentionMask:
+    """Who may attend to whom, without materialising `[B, T, S]`: query `i` sees key `j` iff
+
+        key_slot[j] <= query_slot[i]  and  query_segment[b, i] == key_segment[b, j]  and  key_valid[b, j]
+
+    (causal within a packed segment; with a cache, slots are cache positions and `key_valid` marks
+    slots holding real tokens). `dense(rows)` builds the boolean mask of some query rows.
+    """
+
+    query_slot: jax.Array      # [T] int32
+    key_slot: jax.Array        # [S] int32
+    query_segment: jax.Array   # [B, T] int32
+    key_segment: jax.Array     # [B, S] int32
+    key_valid: jax.Array       # [B, S] bool
+
+    def dense(self, query_slot: jax.Array | None = None, query_segment: jax.Array | None = None
+              ) -> Bool[Array, "b t s"]:
+        qs = self.query_slot if query_slot is None else query_slot
+        qseg = self.query_segment if query_segment is None else query_segment
+        return ((self.key_slot[None, None, :] <= qs[..., :, None])
+                & (qseg[:, :, None] == self.key_segment[:, None, :]) & self.key_valid[:, None, :])
+
+
+def _attend_dense(q, k, v, mask):
+    """`softmax(q k^T / sqrt(d) + mask) v` for grouped-query heads, logits in float32."""
     b, t, h, d = q.shape
     n_kv = k.shape[2]
     qg = q.reshape(b, t, n_kv, h // n_kv, d)
@@ -190,6 +213,47 @@ def attend(q: Float[Array, "b t h d"], k: Float[Array, "b s k d"], v: Float[Arra
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
     return out.reshape(b, t, h, d)
+
+
+def _length_shards(length: int) -> int:
+    """Devices the query (activation_length) axis is split over under the active mesh and rules."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return 1
+    spec = logical_to_spec(("activation_length",), (length,), dict(mesh.shape))
+    axes = spec[0] if isinstance(spec[0], tuple) else (() if spec[0] is None else (spec[0],))
+    return math.prod(mesh.shape[a] for a in axes)
+
+
+def attend(q: Float[Array, "b t h d"], k: Float[Array, "b s k d"], v: Float[Array, "b s k d"],
+           mask: AttentionMask, *, query_chunk: int = 0) -> Float[Array, "b t h d"]:
+    """Grouped-query softmax attention: `softmax(q k^T / sqrt(d) + mask) v`, logits in float32.
+
+    `query_chunk > 0` computes it `query_chunk` queries at a time (`lax.map`, each block
+    rematerialised in the backward pass), so at most `[B, H, query_chunk, S]` scores exist at once
+    instead of `[B, H, T, S]`: exact, the same numbers. Blocks are taken inside each shard of a
+    context-parallel query axis (block i of every shard together), so the map never crosses devices.
+    """
+    b, t = q.shape[:2]
+    shards = _length_shards(t)
+    local = t // shards
+    chunk = math.gcd(local, query_chunk) if query_chunk else local
+    if chunk >= local:
+        return _attend_dense(q, k, v, mask.dense())
+    n = local // chunk
+
+    def blocks(x):  # [b, t, ...] -> [n, b, shards * chunk, ...]; block i = chunk i of every shard
+        x = x.reshape(x.shape[0], shards, n, chunk, *x.shape[2:])
+        return jnp.moveaxis(x, 2, 0).reshape(n, x.shape[0], shards * chunk, *x.shape[4:])
+
+    def one(args):
+        q_block, slot_block, segment_block = args
+        return _attend_dense(q_block, k, v, mask.dense(slot_block[0], segment_block))
+
+    slots = jnp.broadcast_to(mask.query_slot, (1, t))
+    out = jax.lax.map(jax.checkpoint(one), (blocks(q), blocks(slots), blocks(mask.query_segment)))
+    out = out.reshape(n, b, shards, chunk, *out.shape[3:])
+    return jnp.moveaxis(out, 0, 2).reshape(q.shape)
 
 
 class Attention(nnx.Module):
@@ -226,7 +290,7 @@ class Attention(nnx.Module):
             k, v = cache_k[layer], cache_v[layer]
         kv_axes = ("activation_batch", "activation_kv_length", "activation_kv_heads", "activation_head_dim")
         k, v = constrain(k, kv_axes), constrain(v, kv_axes)
-        out = checkpoint_name(attend(q, k, v, mask), "attention_out")
+        out = checkpoint_name(attend(q, k, v, mask, query_chunk=self.config.attention_chunk), "attention_out")
         y = jnp.einsum("bthk,hkd->btd", out, self.o_proj.get_value().astype(dt))
         return y, new_kv
 
@@ -318,8 +382,9 @@ class Decoder(nnx.Module):
                 segment_ids = jnp.ones((b, t), jnp.int32)
             if positions is None:
                 positions = positions_from_segments(segment_ids)
-            causal = jnp.tril(jnp.ones((t, t), bool))
-            mask = causal[None] & (segment_ids[:, :, None] == segment_ids[:, None, :])
+            index = jnp.arange(t, dtype=jnp.int32)
+            mask = AttentionMask(query_slot=index, key_slot=index, query_segment=segment_ids,
+                                 key_segment=segment_ids, key_valid=jnp.ones((b, t), bool))
             end = None
         else:
             if positions is None:
@@ -328,9 +393,10 @@ class Decoder(nnx.Module):
                 token_mask = jnp.ones((b, t), bool)
             end = cache.end
             valid = jax.lax.dynamic_update_slice(cache.valid, token_mask, (jnp.zeros((), jnp.int32), end))
-            slot = jnp.arange(cache.length)
-            query_slot = end + jnp.arange(t)
-            mask = valid[:, None, :] & (slot[None, None, :] <= query_slot[None, :, None])
+            mask = AttentionMask(query_slot=end + jnp.arange(t, dtype=jnp.int32),
+                                 key_slot=jnp.arange(cache.length, dtype=jnp.int32),
+                                 query_segment=jnp.zeros((b, t), jnp.int32),
+                                 key_segment=jnp.zeros((b, cache.length), jnp.int32), key_valid=valid)
         chex.assert_equal_shape([tokens, positions])
         x = self.embed_tokens.get_value()[tokens].astype(c.compute_dtype)
         x = constrain(x, ("activation_batch", "activation_length", "activation_embed"))
