@@ -52,18 +52,21 @@ def get_config(variant: str = "small"):
     elif variant == "rsi_paper":
         config.model = "qwen3-27b"
         config.aot.topology = "v5p-128"
-        config.pod = pod.pod_config(data=1, fsdp=-1, tensor=1, context=4, remat="full")
+        # Heads and MLP over tensor = 8, tokens over context = 4, the rest fsdp (2 on v5p-128, 4
+        # on v5p-256); whole blocks recomputed; attention 1,024 queries at a time.
+        config.pod = pod.pod_config(data=1, fsdp=-1, tensor=8, context=4, remat="full", attention_chunk=1024)
         config.train.logprob_chunk_size = 1024
-        # 8 micro-batches of 32 rows: rows divide evenly over fsdp = 16 (v5p-128) and 32 (v5p-256).
-        config.shapes = {"ppo": _shape(256, 32768, 8), "critic": _shape(256, 32768, 8),
-                         "sft": _shape(256, 32768, 8),
+        # 64 micro-batches of 4 rows: 8,192 tokens per chip on v5p-256, 16,384 on v5p-128.
+        config.shapes = {"ppo": _shape(256, 32768, 64), "critic": _shape(256, 32768, 64),
+                         "sft": _shape(256, 32768, 64),
                          "sampler": {"rows": 16, "prompt_len": 24576, "new_tokens": 8192}}
     else:
         config.model = "qwen3-8b"
         config.aot.topology = "v5e-64"
-        config.pod = pod.pod_config(data=1, fsdp=-1, tensor=1, context=4, remat="full")
+        config.pod = pod.pod_config(data=1, fsdp=-1, tensor=8, context=4, remat="full", attention_chunk=1024)
         config.train.logprob_chunk_size = 1024
         config.train.grpo.group_size = 16
-        config.shapes = {"grpo": _shape(160, 65536, 10), "sft": _shape(16, 65536, 1),
-                         "sampler": {"rows": 16, "prompt_len": 57344, "new_tokens": 8192}}
+        # 80 micro-batches of 2 rows (one per fsdp shard): 16,384 tokens per chip.
+        config.shapes = {"grpo": _shape(160, 65536, 80), "sft": _shape(16, 65536, 8),
+                         "sampler": {"rows": 8, "prompt_len": 57344, "new_tokens": 8192}}
     return config

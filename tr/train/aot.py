@@ -131,6 +131,9 @@ def topology_devices(topology: Topology) -> list[Any]:
     if topology.generation == "cpu":
         return jax.devices("cpu")
     from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+    # Only described devices, never a real TPU: several processes may load libtpu at once (without
+    # this, a second compiling process fails on libtpu's lockfile).
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     chip_config = "megacore" if topology.generation in ("v4", "v5p") else "default"
     try:
         description = topologies.get_topology_desc(topology_name=topology.libtpu_name, platform="tpu",
@@ -206,7 +209,7 @@ def _batch(names, rows: int, length: int, mesh) -> dict[str, jax.ShapeDtypeStruc
 
 
 def lower_steps(config: ml_collections.ConfigDict, devices: list[Any]) -> dict[str, Callable[[], Any]]:
-    """`{step name: thunk}`; each thunk lowers and compiles that step for `devices` (a `Compiled`)."""
+    """`{step name: thunk}`; each thunk lowers that step for `devices`: `(Lowered, abstract inputs)`."""
     plan = planned_steps(config)
     model_config = get_model_config(config.model, **pod.model_overrides(config.pod))
     mesh = pod.make_mesh(config.pod, devices)
@@ -244,7 +247,7 @@ def lower_steps(config: ml_collections.ConfigDict, devices: list[Any]) -> dict[s
                                       state_sharding=shardings, donate=True)
         batch = _batch(steps_lib._REQUIRED[name], shape["rows"], shape["length"], mesh)  # pylint: disable=protected-access
         thunks[name] = under_rules(lambda step=getattr(steps, name), batch=batch:
-                                   step.lower(abstract_state, batch).compile())
+                                   (step.lower(abstract_state, batch), (abstract_state, batch)))
     if "sampler_prefill" in plan:
         thunks.update({k: under_rules(v) for k, v in _sampler_thunks(
             plan["sampler_prefill"], model_config, actor, abstract_state.actor_params, mesh, rules).items()})
@@ -291,11 +294,10 @@ def _sampler_thunks(shape, model_config, actor, actor_params, mesh, rules) -> di
                           out_shardings=(cache_sharding, logits_sharding))
     jit_decode = jax.jit(decode, in_shardings=(param_sharding, cache_sharding, row_sharding, row_sharding),
                          out_shardings=(cache_sharding, logits_sharding), donate_argnums=(1,))
-    return {
-        "sampler_prefill": lambda: jit_prefill.lower(actor_params, ids(prompt_len), ids(prompt_len),
-                                                     ids(prompt_len, jnp.bool_)).compile(),
-        "sampler_decode": lambda: jit_decode.lower(actor_params, cache_in, ids(1), ids(1)).compile(),
-    }
+    prefill_args = (actor_params, ids(prompt_len), ids(prompt_len), ids(prompt_len, jnp.bool_))
+    decode_args = (actor_params, cache_in, ids(1), ids(1))
+    return {"sampler_prefill": lambda: (jit_prefill.lower(*prefill_args), prefill_args),
+            "sampler_decode": lambda: (jit_decode.lower(*decode_args), decode_args)}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -303,9 +305,35 @@ def _sampler_thunks(shape, model_config, actor, actor_params, mesh, rules) -> di
 # ------------------------------------------------------------------------------------------------
 
 
-def step_memory(compiled: Any, hbm_bytes: int) -> dict[str, Any]:
-    """Per-chip bytes of one compiled step (see the module docstring for `total`)."""
-    stats = compiled.memory_analysis()
+def _per_chip_bytes(tree: Any) -> int:
+    """Bytes one device holds of a tree of `ShapeDtypeStruct`s (replicated when no sharding)."""
+    total = 0
+    for x in jax.tree.leaves(tree):
+        sharding = getattr(x, "sharding", None)
+        shape = sharding.shard_shape(x.shape) if sharding is not None else x.shape
+        total += math.prod(shape) * np.dtype(x.dtype).itemsize
+    return total
+
+
+_OUT_OF_HBM = re.compile(r"HLO temporaries \(([\d.]+)([KMGT]?)\)")
+
+
+def step_memory(lowered: Any, inputs: Any, hbm_bytes: int) -> dict[str, Any]:
+    """Per-chip bytes of one step (see the module docstring for `total`).
+
+    When XLA refuses to compile because the step's temporaries exceed the chip's HBM, the report
+    carries XLA's own figure for them and the arguments' and outputs' shard sizes (no aliasing).
+    """
+    try:
+        stats = lowered.compile().memory_analysis()
+    except jax.errors.JaxRuntimeError as error:
+        found = _OUT_OF_HBM.search(str(error))
+        if "RESOURCE_EXHAUSTED" not in str(error) or not found:
+            raise
+        temp = int(float(found[1]) * 1024 ** " KMGT".index(found[2] or " "))
+        argument, output = _per_chip_bytes(inputs), _per_chip_bytes(lowered.out_info)
+        return {"argument_bytes": argument, "output_bytes": output, "temp_bytes": temp,
+                "total_bytes": argument + output + temp, "fits": False}
     argument, output = int(stats.argument_size_in_bytes), int(stats.output_size_in_bytes)
     temp, alias = int(stats.temp_size_in_bytes), int(stats.alias_size_in_bytes)
     total = argument + output - alias + temp
@@ -322,7 +350,8 @@ def compile_report(config: ml_collections.ConfigDict, topology_name: str,
     for name, thunk in lower_steps(config, devices).items():
         if on_step is not None:
             on_step(name)
-        steps[name] = step_memory(thunk(), topology.hbm_bytes)
+        lowered, inputs = thunk()
+        steps[name] = step_memory(lowered, inputs, topology.hbm_bytes)
     return {"topology": topology.name, "chips": topology.chips, "hbm_bytes": topology.hbm_bytes,
             "steps": steps, "fits": all(s["fits"] for s in steps.values())}
 

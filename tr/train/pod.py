@@ -13,6 +13,7 @@ Every experiment config includes `config.pod = pod.pod_config()` (so the launche
     axis_rules           ((logical name, (mesh axes...)), ...) replacing those entries of
                          `tr.models.sharding.LOGICAL_AXIS_RULES` (unknown names are refused)
     remat                "" = each model's own policy; else a `ModelConfig.remat` name
+    attention_chunk      0 = each model's own; else queries per attention block (`ModelConfig`)
 
 `initialize(pod)`, `make_mesh(pod)`, `axis_rules(pod)` and `model_overrides(pod)` turn the fragment
 into a joined process group, a device mesh, a rules table and `ModelConfig` overrides.
@@ -31,7 +32,8 @@ from tr.models.config import REMAT_NAMES
 
 
 def pod_config(*, data: int = 1, fsdp: int = -1, tensor: int = 1, context: int = 1,
-               axis_rules: Sequence[tuple[str, Sequence[str]]] = (), remat: str = "") -> ml_collections.ConfigDict:
+               axis_rules: Sequence[tuple[str, Sequence[str]]] = (), remat: str = "",
+               attention_chunk: int = 0) -> ml_collections.ConfigDict:
     """The `config.pod` fragment (defaults: one process, every device on the fsdp axis)."""
     return ml_collections.ConfigDict({
         "distributed": False,
@@ -42,6 +44,7 @@ def pod_config(*, data: int = 1, fsdp: int = -1, tensor: int = 1, context: int =
         "mesh": {"data": data, "fsdp": fsdp, "tensor": tensor, "context": context},
         "axis_rules": tuple((str(name), tuple(axes)) for name, axes in axis_rules),
         "remat": remat,
+        "attention_chunk": attention_chunk,
     })
 
 
@@ -95,9 +98,14 @@ def axis_rules(pod: ml_collections.ConfigDict) -> sharding.Rules:
 
 
 def model_overrides(pod: ml_collections.ConfigDict) -> dict[str, Any]:
-    """`ModelConfig` field overrides the pod fragment asks for (the remat policy)."""
-    if not pod.remat:
-        return {}
-    if pod.remat not in REMAT_NAMES:
-        raise ValueError(f"config.pod.remat={pod.remat!r}; expected '' or one of {REMAT_NAMES}")
-    return {"remat": pod.remat}
+    """`ModelConfig` field overrides the pod fragment asks for (remat policy, attention blocks)."""
+    out: dict[str, Any] = {}
+    if pod.remat:
+        if pod.remat not in REMAT_NAMES:
+            raise ValueError(f"config.pod.remat={pod.remat!r}; expected '' or one of {REMAT_NAMES}")
+        out["remat"] = pod.remat
+    if pod.attention_chunk:
+        if not isinstance(pod.attention_chunk, int) or pod.attention_chunk < 0:
+            raise ValueError(f"config.pod.attention_chunk={pod.attention_chunk!r} must be an int >= 0")
+        out["attention_chunk"] = pod.attention_chunk
+    return out
