@@ -393,8 +393,8 @@ def main(argv: list[str]) -> None:
             name = topology.value or (config.aot.topology if "aot" in config else None)
             if not name:
                 raise AotError("give --topology (or config.aot.topology)")
-            log = None if as_json.value else (lambda n: print(f"compiling {n} ...", file=sys.stderr, flush=True))
-            report = compile_report(config, name, on_step=log)
+            report = compile_report(config, name, on_step=lambda n: print(f"compiling {n} ...", file=sys.stderr,
+                                                                            flush=True))
         except AotError as error:
             sys.stderr.write(f"error: {error}\n")
             sys.exit(2)
