@@ -14,10 +14,13 @@ checkout (PYTHONPATH=that checkout) it measures the per-layer Python loop the de
 import argparse
 import dataclasses
 import os
+import pathlib
 import statistics
+import sys
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, os.environ.get("PYTHONPATH") or str(pathlib.Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -342,12 +342,20 @@ def step_memory(lowered: Any, inputs: Any, hbm_bytes: int) -> dict[str, Any]:
 
 
 def compile_report(config: ml_collections.ConfigDict, topology_name: str,
-                   on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Compile every step of `config` for `topology_name`; the JSON report (module docstring)."""
+                   on_step: Callable[[str], None] | None = None,
+                   only: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Compile every step of `config` (or those named in `only`) for `topology_name`; the JSON
+    report (module docstring)."""
     topology = parse_topology(topology_name)
     devices = topology_devices(topology)
+    thunks = lower_steps(config, devices)
+    unknown = sorted(set(only) - set(thunks))
+    if unknown:
+        raise AotError(f"--steps names {unknown}; this config runs {sorted(thunks)}")
     steps = {}
-    for name, thunk in lower_steps(config, devices).items():
+    for name, thunk in thunks.items():
+        if only and name not in only:
+            continue
         if on_step is not None:
             on_step(name)
         lowered, inputs = thunk()
@@ -385,6 +393,7 @@ def main(argv: list[str]) -> None:
     config_flag = config_flags.DEFINE_config_file("config", None, "Experiment config file (and :variant).")
     topology = flags.DEFINE_string("topology", None, "v5p-128, v5e-64, v5p:4x4x4, v5e:2x2, ... or cpu.")
     as_json = flags.DEFINE_bool("json", False, "Print the JSON report instead of the table.")
+    only = flags.DEFINE_list("steps", [], "Compile only these steps (default: every step the config runs).")
     flags.mark_flags_as_required(["config"])
 
     def body(_):
@@ -393,8 +402,8 @@ def main(argv: list[str]) -> None:
             name = topology.value or (config.aot.topology if "aot" in config else None)
             if not name:
                 raise AotError("give --topology (or config.aot.topology)")
-            report = compile_report(config, name, on_step=lambda n: print(f"compiling {n} ...", file=sys.stderr,
-                                                                            flush=True))
+            report = compile_report(config, name, only=tuple(only.value),
+                                    on_step=lambda n: print(f"compiling {n} ...", file=sys.stderr, flush=True))
         except AotError as error:
             sys.stderr.write(f"error: {error}\n")
             sys.exit(2)
