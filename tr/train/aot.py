@@ -281,21 +281,23 @@ def _sampler_thunks(shape, model_config, actor, actor_params, mesh, rules) -> di
         cache_sharding = jax.tree.map(
             lambda x, axes: NamedSharding(mesh, sharding_lib.logical_to_spec(axes, x.shape, dict(mesh.shape))),
             cache_abstract, cache_axes, is_leaf=lambda x: isinstance(x, tuple))
-        row_sharding = sharding_lib.batch_sharding(mesh, 2)
         logits_sharding = NamedSharding(mesh, sharding_lib.logical_to_spec(
             ("activation_batch", "activation_vocab"), (rows, model_config.vocab_size), dict(mesh.shape)))
     cache_in = _abstract(cache_abstract, cache_sharding)
     param_sharding = jax.tree.map(lambda x: x.sharding, actor_params)
 
-    def ids(length, dtype=jnp.int32):
-        return jax.ShapeDtypeStruct((rows, length), dtype, sharding=row_sharding)
+    def ids(length, dtype=jnp.int32):  # [rows, length]: rows over (data, fsdp), length over context if it divides
+        spec = sharding_lib.logical_to_spec(("activation_batch", "activation_length"), (rows, length),
+                                            dict(mesh.shape), rules)
+        return jax.ShapeDtypeStruct((rows, length), dtype, sharding=NamedSharding(mesh, spec))
 
-    jit_prefill = jax.jit(prefill, in_shardings=(param_sharding, row_sharding, row_sharding, row_sharding),
-                          out_shardings=(cache_sharding, logits_sharding))
-    jit_decode = jax.jit(decode, in_shardings=(param_sharding, cache_sharding, row_sharding, row_sharding),
-                         out_shardings=(cache_sharding, logits_sharding), donate_argnums=(1,))
     prefill_args = (actor_params, ids(prompt_len), ids(prompt_len), ids(prompt_len, jnp.bool_))
     decode_args = (actor_params, cache_in, ids(1), ids(1))
+    jit_prefill = jax.jit(prefill, in_shardings=(param_sharding, *(a.sharding for a in prefill_args[1:])),
+                          out_shardings=(cache_sharding, logits_sharding))
+    jit_decode = jax.jit(decode, in_shardings=(param_sharding, cache_sharding, decode_args[2].sharding,
+                                               decode_args[3].sharding),
+                         out_shardings=(cache_sharding, logits_sharding), donate_argnums=(1,))
     return {"sampler_prefill": lambda: (jit_prefill.lower(*prefill_args), prefill_args),
             "sampler_decode": lambda: (jit_decode.lower(*decode_args), decode_args)}
 
@@ -360,6 +362,8 @@ def compile_report(config: ml_collections.ConfigDict, topology_name: str,
             on_step(name)
         lowered, inputs = thunk()
         steps[name] = step_memory(lowered, inputs, topology.hbm_bytes)
+        if on_step is not None:
+            on_step(f"{name}: {json.dumps(steps[name])}")
     return {"topology": topology.name, "chips": topology.chips, "hbm_bytes": topology.hbm_bytes,
             "steps": steps, "fits": all(s["fits"] for s in steps.values())}
 
