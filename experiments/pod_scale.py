@@ -17,6 +17,19 @@ Variants:
                 hybrid architecture this decoder does not implement), 65,536-token context, GRPO
                 over 160 rows (10 groups of 16) and SFT over 16 rows; the sampler decoding 8,192
                 tokens. v5e-64.
+
+Measured (tr.train.aot on this CPU host with libtpu 0.0.42.1; GiB per chip, total = argument +
+output - alias + temp; sft and critic of rsi_paper hold the same state as ppo and compute a subset
+of it, so ppo bounds them):
+
+  rsi_paper     v5p-128  ppo 52.6 (arg 18.4, temp 22.0); sampler prefill 17.7, decode 19.3  of 95
+  rsi_paper     v5p-256  ppo 35.0 (arg 9.2, temp 19.6)                                     of 95
+  reterm_paper  v5e-64   grpo 15.7 (arg 2.9, temp 10.9); sft 15.7; prefill 11.0, decode 10.0 of 16
+
+To fit, the first setting (fsdp x context 4, tensor 1, whole-sequence attention, 8 / 10
+micro-batches) needed 162 GiB of temporaries per v5p chip and 204 GiB per v5e chip: heads, MLP and
+vocabulary went over tensor = 8, attention over blocks of 1,024 queries (`attention_chunk`), and
+the micro-batches shrank to 4 rows (rsi) / 2 rows (reterm); remat stayed 'full'.
 """
 
 import ml_collections
