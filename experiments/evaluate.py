@@ -13,13 +13,20 @@ tasks: a smoke test), `docker` (the default on the Docker backend).
 
 import ml_collections
 
+from tr.train import pod
+
 VARIANTS = ("default", "scripted", "tiny_model", "quick", "docker")
+
+# The pod form's local smoke run (tests/test_launchers.py): one task, the scripted teacher.
+SMOKE_FLAGS = ("--config.eval.policies=('scripted',)", "--config.eval.tasks=('ft-normalize-whitespace',)",
+               "--config.eval.k=1")
 
 
 def get_config(variant: str = "default"):
     if variant not in VARIANTS:
         raise ValueError(f"experiments/evaluate.py: unknown variant {variant!r}; choose one of {VARIANTS}")
     config = ml_collections.ConfigDict()
+    config.pod = pod.pod_config()  # what a pod run needs (launch/tpu_pod.sh, launch/xpk.sh)
     config.job = "evaluate"
     config.seed = 0
     config.eval = ml_collections.ConfigDict()

@@ -9,13 +9,19 @@ TB-GAE equals token GAE over action tokens with γ = λ = 1).
 
 import ml_collections
 
+from tr.train import pod
+
 VARIANTS = ("default", "unit_clock")
+
+# The pod form's local smoke run (tests/test_launchers.py): the default is already seconds.
+SMOKE_FLAGS = ()
 
 
 def get_config(variant: str = "default"):
     if variant not in VARIANTS:
         raise ValueError(f"experiments/gae_demo.py: unknown variant {variant!r}; choose one of {VARIANTS}")
     config = ml_collections.ConfigDict()
+    config.pod = pod.pod_config()  # what a pod run needs (launch/tpu_pod.sh, launch/xpk.sh)
     config.job = "gae_demo"
     config.value = 0.0  # an uninformed critic, so differences come from the estimators alone
     config.gamma_turn = 0.99

@@ -2,7 +2,9 @@
 
 The config file's `get_config()` returns an ml_collections.ConfigDict whose `job` names what to run
 (see tr/stages/registry.py); everything else in it is that job's settings. Any field can be
-overridden on the command line, e.g. `--config.eval.k=1`.
+overridden on the command line, e.g. `--config.eval.k=1`. `--print_config` prints the resolved
+config as JSON and exits (the pod launchers' `--dry-run` shows it). A config's `pod` section
+(`tr/train/pod.py`) says whether to join a multi-process run first (`--config.pod.distributed=True`).
 """
 
 import pathlib
@@ -19,7 +21,8 @@ from tr.stages import registry  # pylint: disable=wrong-import-position
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (and :variant).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for this run's outputs.")
-flags.mark_flags_as_required(["config", "workdir"])
+_PRINT_CONFIG = flags.DEFINE_bool("print_config", False, "Print the resolved config as JSON and exit.")
+flags.mark_flags_as_required(["config"])
 
 
 def parse_flags(argv):
@@ -55,12 +58,25 @@ def main(argv):
     if "job" not in config:
         raise app.UsageError(f"the config from --config={flags.FLAGS['config'].serialize()} has no "
                                                   "'job' field; see experiments/README.md")
-    if config.get("distributed", False):
+    if _PRINT_CONFIG.value:
+        print(config.to_json_best_effort(indent=2, sort_keys=True))
+        return
+    if _WORKDIR.value is None:
+        raise app.UsageError("--workdir is required")
+    primary = True  # the process that writes run-level files
+    if "pod" in config and config.pod.distributed:
         import jax  # pylint: disable=g-import-not-at-top
-        jax.distributed.initialize()  # multi-host TPU pods: coordinator from the TPU environment
-    workdir = pathlib.Path(_WORKDIR.value).expanduser().resolve()
+        from tr.train import pod  # pylint: disable=g-import-not-at-top
+        pod.initialize(config.pod)  # multi-host: joins every process before devices are touched
+        primary = jax.process_index() == 0
+    if "://" in _WORKDIR.value:  # gs://... on a pod: every host reads and writes the same store
+        from etils import epath  # pylint: disable=g-import-not-at-top
+        workdir = epath.Path(_WORKDIR.value)
+    else:
+        workdir = pathlib.Path(_WORKDIR.value).expanduser().resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "config.json").write_text(config.to_json_best_effort(indent=2, sort_keys=True))
+    if primary:
+        (workdir / "config.json").write_text(config.to_json_best_effort(indent=2, sort_keys=True))
     try:
         run = registry.resolve(config.job)
         logging.info("job %s -> %s", config.job, workdir)

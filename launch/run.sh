@@ -12,4 +12,5 @@ name="$(basename "${CONFIG%%:*}" .py)"
 [[ "$CONFIG" == *:* ]] && name="${name}_${CONFIG##*:}"
 WORKDIR="${TR_WORKDIR:-$ROOT/workdir/$name}"
 cd "$ROOT"
+export JAX_PLATFORMS="${JAX_PLATFORMS:-cpu}"  # the CPU main job (a venv with libtpu would probe for a TPU)
 exec "$ROOT/.venv/bin/python" experiments/main.py --config="$CONFIG" --workdir="$WORKDIR" "$@"

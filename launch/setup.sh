@@ -40,3 +40,14 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$VENV/bin/pip" install -q $(printf -- '-r %s ' "${reqs[@]}")
   echo "$want" > "$stamp"
 fi
+# Ahead-of-time compilation for TPU topologies (TR_AOT=1, set by launch/test.sh): libtpu (~700 MB),
+# kept apart from the stamp above so the README's main command never downloads it.
+if [ "${TR_AOT:-0}" = "1" ]; then
+  aot_stamp="$VENV/.requirements-aot.sha256"
+  aot_want="$(sha256sum "$ROOT/requirements-aot.txt" | cut -d' ' -f1)"
+  if [ ! -f "$aot_stamp" ] || [ "$(cat "$aot_stamp")" != "$aot_want" ]; then
+    echo "[setup] installing requirements-aot.txt (libtpu, for TPU ahead-of-time compilation)"
+    "$VENV/bin/pip" install -q -r "$ROOT/requirements-aot.txt" && echo "$aot_want" > "$aot_stamp" \
+      || echo "[setup] WARNING: could not install libtpu; tests/test_aot.py will skip its TPU compile" >&2
+  fi
+fi

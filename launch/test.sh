@@ -4,7 +4,7 @@
 # paths among them replace the default (the whole tests/ folder).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bash "$ROOT/launch/setup.sh"
+TR_AOT=1 bash "$ROOT/launch/setup.sh"   # with libtpu: tests/test_aot.py compiles for a TPU topology
 cd "$ROOT"
 # With no test paths given (as CI runs it), the whole suite; else only the paths given.
 targets=(tests)

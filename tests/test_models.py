@@ -1,5 +1,7 @@
 """Decoder, critic and chunked log-probs: checked against direct references written the obvious way."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,7 +10,7 @@ from flax import nnx
 
 from tr.models.config import MODEL_NAMES, get_model_config
 from tr.models.critic import CriticModel, critic_from_actor
-from tr.models.decoder import Decoder, positions_from_segments, token_logprobs
+from tr.models.decoder import REMAT_POLICIES, Decoder, positions_from_segments, token_logprobs
 
 CFG = get_model_config("tiny", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128)
 
@@ -71,6 +73,10 @@ def test_bad_config_names_the_field():
         get_model_config("tiny", n_heads=4, n_kv_heads=3)
     with pytest.raises(ValueError, match="dtype"):
         get_model_config("tiny", dtype="float8")
+    with pytest.raises(ValueError, match="remat=True.*'full'"):
+        get_model_config("tiny", remat=True)
+    with pytest.raises(ValueError, match="rope_scaling='linear'"):
+        get_model_config("tiny", rope_scaling="linear")
 
 
 def test_every_parameter_has_logical_axes_of_its_rank(model):
@@ -262,18 +268,74 @@ def test_critic_from_actor_copies_the_backbone(model):
     assert critic.backbone.lm_head is None
 
 
-def test_remat_gives_the_same_gradients(model):
-    remat_model = Decoder(get_model_config("tiny", **{**{f: getattr(CFG, f) for f in (
-        "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff")}, "remat": True}), rngs=nnx.Rngs(0))
-    tokens = _tokens(16, 2, 12)
+def _variant(**fields):
+    """CFG with `fields` changed, built with the same seed as `model` (same parameters)."""
+    return Decoder(dataclasses.replace(CFG, **fields), rngs=nnx.Rngs(0))
 
-    def grads(m):
-        graphdef, params = nnx.split(m)
-        loss = lambda p: logprobs_of(nnx.merge(graphdef, p), tokens, chunk_size=4)[0].sum()  # noqa: E731
-        return jax.jit(jax.grad(loss))(params)
 
-    for a, b in zip(jax.tree.leaves(grads(model)), jax.tree.leaves(grads(remat_model))):
+def _logprob_grads(m, tokens):
+    graphdef, params = nnx.split(m)
+    loss = lambda p: logprobs_of(nnx.merge(graphdef, p), tokens, chunk_size=4)[0].sum()  # noqa: E731
+    return jax.jit(jax.grad(loss))(params)
+
+
+def test_layers_are_stacked_with_a_leading_layer_axis(model):
+    gate = model.layers.mlp.gate_proj
+    assert gate.get_value().shape == (CFG.n_layers, CFG.d_model, CFG.d_ff)
+    assert gate.get_metadata()["logical_axes"] == ("layers", "embed", "mlp")
+    # Each layer got its own random draw (nnx.vmap over split RNG streams).
+    assert not np.allclose(np.asarray(gate.get_value()[0]), np.asarray(gate.get_value()[1]))
+
+
+def test_scan_over_layers_equals_the_unrolled_loop(model):
+    """Same stacked parameters: forward logits, gradients and cached decoding agree."""
+    loop = _variant(scan_layers=False)
+    tokens = _tokens(18, 2, 12)
+    np.testing.assert_allclose(np.asarray(forward(model, tokens)), np.asarray(forward(loop, tokens)),
+                               atol=1e-5, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(_logprob_grads(model, tokens)), jax.tree.leaves(_logprob_grads(loop, tokens))):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
+    mask = jnp.ones((2, 12), bool)
+    positions = jnp.broadcast_to(jnp.arange(12, dtype=jnp.int32), (2, 12))
+    h_scan, c_scan = cache_step(model, tokens, positions, model.init_cache(2, 16), mask)
+    h_loop, c_loop = cache_step(loop, tokens, positions, loop.init_cache(2, 16), mask)
+    np.testing.assert_allclose(np.asarray(h_scan), np.asarray(h_loop), atol=1e-5, rtol=1e-5)
+    assert c_scan.keys.shape == (CFG.n_layers, 2, 16, CFG.n_kv_heads, CFG.head_dim)
+    np.testing.assert_allclose(np.asarray(c_scan.keys), np.asarray(c_loop.keys), atol=1e-5, rtol=1e-5)
+    assert int(c_scan.end) == 12 and bool(c_scan.valid[:, :12].all()) and not bool(c_scan.valid[:, 12:].any())
+
+
+def test_query_chunked_attention_equals_all_at_once(model):
+    """attention_chunk: the same logits and gradients, packed segments included."""
+    chunked = _variant(attention_chunk=4)
+    tokens = _tokens(20, 2, 12)
+    segments = jnp.array([[1] * 5 + [2] * 7, [3] * 12], jnp.int32)
+    np.testing.assert_allclose(np.asarray(forward_seg(chunked, tokens, segments)),
+                               np.asarray(forward_seg(model, tokens, segments)), atol=1e-5, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(_logprob_grads(model, tokens)), jax.tree.leaves(_logprob_grads(chunked, tokens))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("policy", [p for p in REMAT_POLICIES if p != "none"])
+def test_every_remat_policy_gives_the_same_gradients(model, policy):
+    tokens = _tokens(16, 2, 12)
+    for a, b in zip(jax.tree.leaves(_logprob_grads(model, tokens)),
+                    jax.tree.leaves(_logprob_grads(_variant(remat=policy), tokens))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
+
+
+def test_full_remat_saves_no_mlp_activation(capsys):
+    """Under 'full' the backward keeps no [L, B, T, d_ff] MLP activation; under 'none' it does."""
+    tokens = _tokens(19, 1, 8)
+
+    def saved(m):
+        graphdef, params = nnx.split(m)
+        jax.ad_checkpoint.print_saved_residuals(lambda p: nnx.merge(graphdef, p)(tokens).sum(), params)
+        return capsys.readouterr().out
+
+    mlp_act = f"f32[{CFG.n_layers},1,8,{CFG.d_ff}]"
+    assert mlp_act in saved(_variant(remat="none"))
+    assert mlp_act not in saved(_variant(remat="full"))
 
 
 def test_bfloat16_model_tracks_float32(model):

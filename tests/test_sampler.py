@@ -97,7 +97,8 @@ def test_stop_token_and_per_sequence_caps(sampler):
 def test_stop_string_cuts_at_the_completing_token(sampler):
     greedy = sampler.generate(PROMPTS[:1], SamplingParams(temperature=0.0, max_new_tokens=40))[0]
     text = TOK.decode(greedy.token_ids)
-    needle = text[20:22]
+    assert len(text) >= 2
+    needle = text[20:22] if len(text) >= 22 else text[-2:]  # a random model may emit few printable bytes
     sampler.stop_check_steps = 8
     out = sampler.generate(PROMPTS[:1], SamplingParams(temperature=0.0, max_new_tokens=40, stop_strings=(needle,)))[0]
     k = len(out.token_ids)

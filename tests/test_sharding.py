@@ -1,5 +1,7 @@
 """Sharding rules and meshes: sharded forward log-probs, values and one SGD step equal one device."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -105,12 +107,23 @@ def test_sharded_logprobs_values_and_sgd_step_equal_single_device(setup, shape):
     assert new_a["embed_tokens"].get_value().sharding.is_equivalent_to(embed.sharding, 2)
 
 
+def test_query_chunked_attention_under_context_parallelism_equals_one_device(setup):
+    """Blocks of queries taken inside each context shard: the same log-probs as the dense reference."""
+    mesh = make_mesh((1, 2, 2, 2))
+    chunked = nnx.merge(nnx.graphdef(Decoder(dataclasses.replace(CFG, attention_chunk=4), rngs=nnx.Rngs(0))),
+                        jax.device_put(setup["sa"], state_shardings(setup["sa"], mesh)))
+    tokens = jax.device_put(setup["tokens"], batch_sharding(mesh))
+    with jax.set_mesh(mesh):
+        logp, _ = nnx.jit(lambda m, t: token_logprobs(m, t, chunk_size=8))(chunked, tokens)
+    np.testing.assert_allclose(np.asarray(logp), np.asarray(setup["reference"][1]), atol=2e-5)
+
+
 def test_create_sharded_builds_the_same_model_in_place_on_the_mesh(setup):
     mesh = make_mesh((1, 2, 2, 2))
     model = create_sharded(lambda: Decoder(CFG, rngs=nnx.Rngs(0)), mesh)
-    w = model.layers[0].mlp.gate_proj.get_value()
-    assert w.sharding.spec == P("fsdp", "tensor")
-    np.testing.assert_allclose(np.asarray(w), np.asarray(setup["sa"]["layers"][0]["mlp"]["gate_proj"].get_value()),
+    w = model.layers.mlp.gate_proj.get_value()
+    assert w.sharding.spec == P(None, "fsdp", "tensor")  # the stacked layer axis is not sharded
+    np.testing.assert_allclose(np.asarray(w), np.asarray(setup["sa"]["layers"]["mlp"]["gate_proj"].get_value()),
                                atol=1e-7)  # same random draws; the jitted scaling may differ by an ulp
 
 
@@ -144,6 +157,6 @@ def test_27b_layout_fits_a_pod_slice_without_allocating():
     assert total == config.param_count() * 2
     assert per_device_bytes(state, mesh_shape) < total / 250
     specs = dict(nnx.to_flat_state(state_partition_specs(state, mesh_shape)))
-    assert specs[("layers", 0, "self_attn", "q_proj")].get_value() == P("fsdp", "tensor", None)
-    assert specs[("layers", 0, "mlp", "down_proj")].get_value() == P("tensor", "fsdp")
+    assert specs[("layers", "self_attn", "q_proj")].get_value() == P(None, "fsdp", "tensor", None)
+    assert specs[("layers", "mlp", "down_proj")].get_value() == P(None, "tensor", "fsdp")
     assert specs[("lm_head",)].get_value() == P("fsdp", "tensor")

@@ -1,7 +1,9 @@
 """Hugging Face Qwen3 safetensors: round trips, and the loaded model equals a NumPy reference of the
 HF Qwen3 forward pass written directly from HF-named tensors (catches transposes and RoPE layout)."""
 
+import dataclasses
 import json
+import math
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +16,7 @@ from safetensors.numpy import save_file
 
 from tr.models.config import get_model_config
 from tr.models.critic import CriticModel
-from tr.models.decoder import Decoder
+from tr.models.decoder import Decoder, rope_frequencies
 from tr.models.weights import (config_from_hf, export_state_dict, hf_config_dict, import_state_dict,
                                load_safetensors, save_safetensors)
 
@@ -51,7 +53,22 @@ def _random_hf_tensors(c, seed=0):
     return {k: v.astype(np.float32) for k, v in t.items()}
 
 
-def _reference_qwen3_logits(w, tokens, c):
+def _reference_yarn(head_dim, theta, factor, original, beta_fast=32.0, beta_slow=1.0):
+    """YaRN inverse frequencies and cos/sin scale, one dimension at a time (Peng et al. 2023, §3.2-3.4):
+    a dimension that turns more than beta_fast times over the original context keeps its frequency,
+    one that turns fewer than beta_slow times is interpolated (divided by the scale), linear between."""
+    half = head_dim // 2
+    wavelength_turns = lambda r: head_dim * math.log(original / (r * 2 * math.pi)) / (2 * math.log(theta))  # noqa: E731
+    low, high = max(math.floor(wavelength_turns(beta_fast)), 0), min(math.ceil(wavelength_turns(beta_slow)), head_dim - 1)
+    out = []
+    for i in range(half):
+        base = theta ** (-2.0 * i / head_dim)
+        ramp = min(max((i - low) / (high - low), 0.0), 1.0)
+        out.append(base * (1 - ramp) + (base / factor) * ramp)
+    return np.array(out), 0.1 * math.log(factor) + 1.0
+
+
+def _reference_qwen3_logits(w, tokens, c, yarn=None, offset=0):
     """HF Qwen3 forward for one sequence, NumPy float64, straight from the HF module definitions."""
     def rms(x, weight):
         return weight * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + c.rms_eps)
@@ -62,10 +79,10 @@ def _reference_qwen3_logits(w, tokens, c):
 
     n, hd, groups = len(tokens), c.head_dim, c.n_heads // c.n_kv_heads
     w = {k: v.astype(np.float64) for k, v in w.items()}
-    inv_freq = 1.0 / c.rope_theta ** (np.arange(0, hd, 2) / hd)
-    freqs = np.outer(np.arange(n), inv_freq)
+    inv_freq, scale = (1.0 / c.rope_theta ** (np.arange(0, hd, 2) / hd), 1.0) if yarn is None else yarn
+    freqs = np.outer(offset + np.arange(n), inv_freq)
     emb = np.concatenate([freqs, freqs], axis=-1)
-    cos, sin = np.cos(emb)[:, None, :], np.sin(emb)[:, None, :]
+    cos, sin = scale * np.cos(emb)[:, None, :], scale * np.sin(emb)[:, None, :]
     x = w["model.embed_tokens.weight"][tokens]
     causal = np.tril(np.ones((n, n), bool))
     for i in range(c.n_layers):
@@ -168,9 +185,90 @@ def test_bad_checkpoints_name_the_tensor_and_file(tmp_path):
 
 
 def test_hf_config_round_trip():
-    for name in ("qwen3-0.6b", "qwen3-27b"):
-        c = get_model_config(name)
-        back = config_from_hf(hf_config_dict(c), name=name, remat=c.remat)
+    yarn = get_model_config("qwen3-8b", rope_scaling="yarn", rope_factor=4.0, rope_original_max_len=32768,
+                            max_seq_len=131072)
+    for c in (get_model_config("qwen3-0.6b"), get_model_config("qwen3-27b"), yarn):
+        back = config_from_hf(hf_config_dict(c), name=c.name, remat=c.remat)
         assert back == c
     with pytest.raises(ValueError, match="lacks \\['hidden_size'\\]"):
         config_from_hf({"vocab_size": 1, "num_hidden_layers": 1, "num_attention_heads": 1, "intermediate_size": 1})
+
+
+# A transformers >= 5 config.json (Qwen3 release layout): `dtype`, `rope_parameters`.
+HF5 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 300, "hidden_size": 48,
+       "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+       "head_dim": 16, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+       "dtype": "float32", "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+       "use_sliding_window": False, "sliding_window": None, "max_window_layers": 28,
+       "layer_types": ["full_attention", "full_attention"], "attention_bias": False, "hidden_act": "silu"}
+
+
+def test_config_from_hf_reads_both_generations():
+    new = config_from_hf(HF5)
+    assert new.param_dtype == new.dtype == "float32"   # not silently bfloat16
+    assert new.rope_theta == 10000.0                    # not silently 1e6
+    old = {k: v for k, v in HF5.items() if k not in ("dtype", "rope_parameters")}
+    old.update(torch_dtype="float32", rope_theta=10000.0)
+    assert config_from_hf(old) == new
+    assert config_from_hf({**HF5, "dtype": "bfloat16"}).param_dtype == "bfloat16"
+    with pytest.raises(ValueError, match="rope_theta=1000000.0 disagrees"):
+        config_from_hf({**HF5, "rope_theta": 1e6})
+
+
+def test_yarn_frequencies_follow_the_formula():
+    c = get_model_config("qwen3-8b", rope_scaling="yarn", rope_factor=4.0, rope_original_max_len=32768,
+                         max_seq_len=131072)
+    inv_freq, scale = rope_frequencies(c)
+    ref, ref_scale = _reference_yarn(c.head_dim, c.rope_theta, 4.0, 32768)
+    np.testing.assert_allclose(inv_freq, ref, rtol=1e-6)
+    assert scale == pytest.approx(ref_scale) == pytest.approx(1 + 0.1 * math.log(4.0))
+    plain, _ = rope_frequencies(get_model_config("qwen3-8b"))
+    assert inv_freq[0] == plain[0] and inv_freq[-1] == pytest.approx(plain[-1] / 4.0, rel=1e-6)
+    assert np.all(inv_freq <= plain) and np.any((inv_freq < plain) & (inv_freq > plain / 4.0))
+    # The Qwen3 long-context recipe (transformers 4.x `rope_scaling` and >= 5 `rope_parameters`).
+    legacy = {**{k: v for k, v in HF5.items() if k != "rope_parameters"}, "rope_theta": 1e6,
+              "max_position_embeddings": 131072,
+              "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}
+    current = {**HF5, "max_position_embeddings": 131072,
+               "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
+                                   "original_max_position_embeddings": 32768}}
+    a, b = config_from_hf(legacy), config_from_hf(current)
+    assert a == b and (a.rope_scaling, a.rope_factor, a.rope_original_max_len) == ("yarn", 4.0, 32768)
+
+
+def test_yarn_model_reproduces_the_reference_forward(tmp_path):
+    """Long positions make the scaling matter: a 512-token original context scaled by 8."""
+    c = get_model_config("tiny", **{**{k: getattr(CFG, k) for k in ("n_layers", "d_model", "n_heads", "n_kv_heads",
+                                                                    "head_dim", "d_ff", "vocab_size", "rope_theta")},
+                                    "tie_embeddings": False, "rope_scaling": "yarn", "rope_factor": 8.0,
+                                    "rope_original_max_len": 512, "max_seq_len": 4096})
+    tensors = _random_hf_tensors(c, seed=4)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    model = load_safetensors(Decoder(c, rngs=nnx.Rngs(1)), tmp_path)
+    tokens = np.random.default_rng(2).integers(0, c.vocab_size, size=40)
+    positions = jnp.asarray(3000 + np.arange(40)[None], jnp.int32)   # far past the original context
+    forward_at = nnx.jit(lambda m, t, p: m(t, p))
+    ours = np.asarray(forward_at(model, jnp.asarray(tokens[None], jnp.int32), positions))[0]
+    reference = _reference_qwen3_logits(tensors, tokens, c, yarn=_reference_yarn(c.head_dim, c.rope_theta, 8.0, 512),
+                                        offset=3000)
+    np.testing.assert_allclose(ours, reference, atol=2e-4, rtol=1e-4)
+    plain = np.asarray(forward_at(load_safetensors(Decoder(dataclasses.replace(c, rope_scaling="none"),
+                                                           rngs=nnx.Rngs(1)), tmp_path),
+                                  jnp.asarray(tokens[None], jnp.int32), positions))[0]
+    assert np.abs(plain - ours).max() > 1e-2   # the scaling changes the logits
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"use_sliding_window": True, "sliding_window": 4096}, "use_sliding_window=true"),
+    ({"layer_types": ["full_attention", "sliding_attention"]}, "layer_types \\['sliding_attention'\\]"),
+    ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}, "rope_type 'linear'"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+     "partial_rotary_factor=0.5"),
+    ({"dtype": "float8_e4m3fn"}, "dtype 'float8_e4m3fn'"),
+    ({"model_type": "qwen3_moe", "num_experts": 128}, "model_type 'qwen3_moe'"),
+    ({"attention_bias": True}, "attention_bias"),
+    ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+])
+def test_unsupported_features_are_refused_by_name(change, message):
+    with pytest.raises(ValueError, match=message):
+        config_from_hf({**HF5, **change})

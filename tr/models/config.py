@@ -12,6 +12,8 @@ from typing import Any
 import jax.numpy as jnp
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+REMAT_NAMES: tuple[str, ...] = ("none", "full", "minimal", "save_qkv_proj", "save_attention_out")
+ROPE_SCALINGS: tuple[str, ...] = ("none", "yarn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,7 +22,17 @@ class ModelConfig:
 
     `dtype` is the compute dtype of activations, `param_dtype` the storage dtype of parameters;
     norms, softmax, log-probs and values are always computed in float32.
-    `remat` wraps each block in `nnx.remat` (activation recomputation for long sequences).
+    `remat` names what each block keeps for the backward pass (`REMAT_NAMES`; `decoder.REMAT_POLICIES`
+    maps them to `jax.checkpoint` policies): 'none' keeps every activation, 'full' recomputes the
+    whole block from its input, 'minimal' keeps the weight matmuls' outputs, 'save_qkv_proj' /
+    'save_attention_out' keep the named projections.
+    `attention_chunk` > 0 computes attention that many queries at a time (at most
+    `[B, H, attention_chunk, S]` scores at once; exact); 0 all queries together.
+    `scan_layers` runs the stacked blocks with `lax.scan` (compile time independent of depth);
+    False unrolls them in a Python loop (same parameters, same numbers; the reference form).
+    RoPE: `rope_scaling='yarn'` scales the frequencies by `rope_factor` from the pre-training length
+    `rope_original_max_len` (0: `max_seq_len`) with `rope_beta_fast/slow` and multiplies cos/sin by
+    `rope_attention_factor` (0: `0.1 ln(rope_factor) + 1`); see `decoder.rope_frequencies`.
     """
 
     name: str = "custom"
@@ -37,7 +49,16 @@ class ModelConfig:
     max_seq_len: int = 4096
     dtype: str = "float32"
     param_dtype: str = "float32"
-    remat: bool = False
+    remat: str = "none"
+    scan_layers: bool = True
+    attention_chunk: int = 0
+    rope_scaling: str = "none"
+    rope_factor: float = 1.0
+    rope_original_max_len: int = 0
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_attention_factor: float = 0.0
+    rope_truncate: bool = True
 
     def __post_init__(self) -> None:
         positive = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
@@ -58,6 +79,17 @@ class ModelConfig:
                                  f"expected one of {sorted(_DTYPES)}")
         if self.rms_eps <= 0 or self.rope_theta <= 0:
             raise ValueError(f"ModelConfig({self.name!r}): rms_eps and rope_theta must be > 0")
+        if not isinstance(self.attention_chunk, int) or self.attention_chunk < 0:
+            raise ValueError(f"ModelConfig({self.name!r}).attention_chunk={self.attention_chunk!r} must be an int >= 0")
+        if not isinstance(self.remat, str) or self.remat not in REMAT_NAMES:
+            raise ValueError(f"ModelConfig({self.name!r}).remat={self.remat!r}; expected one of "
+                             f"{REMAT_NAMES} (a policy name, not a bool: True is now 'full')")
+        if self.rope_scaling not in ROPE_SCALINGS:
+            raise ValueError(f"ModelConfig({self.name!r}).rope_scaling={self.rope_scaling!r}; "
+                             f"supported: {ROPE_SCALINGS}")
+        if self.rope_factor <= 0 or self.rope_original_max_len < 0 or self.rope_attention_factor < 0:
+            raise ValueError(f"ModelConfig({self.name!r}): rope_factor must be > 0, "
+                             "rope_original_max_len and rope_attention_factor >= 0")
 
     @property
     def compute_dtype(self) -> Any:
@@ -109,10 +141,10 @@ _NAMED: dict[str, dict[str, Any]] = {
                       dtype="bfloat16", param_dtype="bfloat16"),
     "qwen3-27b": dict(vocab_size=151936, d_model=5120, n_layers=64, n_heads=40, n_kv_heads=8,
                       head_dim=128, d_ff=21504, tie_embeddings=False, max_seq_len=262144,
-                      dtype="bfloat16", param_dtype="bfloat16", remat=True),
+                      dtype="bfloat16", param_dtype="bfloat16", remat="full"),
     "qwen3-32b": dict(vocab_size=151936, d_model=5120, n_layers=64, n_heads=64, n_kv_heads=8,
                       head_dim=128, d_ff=25600, tie_embeddings=False, max_seq_len=40960,
-                      dtype="bfloat16", param_dtype="bfloat16", remat=True),
+                      dtype="bfloat16", param_dtype="bfloat16", remat="full"),
 }
 
 MODEL_NAMES: tuple[str, ...] = tuple(_NAMED)

@@ -9,23 +9,61 @@ the two halves); q/k RMSNorm over `head_dim` applied per head before the rotatio
 
 Parameters carry logical axis names (`logical_axes` metadata, see `sharding.py`); activations are
 constrained by logical names through `sharding.constrain`.
+
+**Stacked layers.** The `n_layers` blocks are ONE `Block` module whose parameters carry a leading
+layer axis (`layers.mlp.gate_proj` is `[n_layers, d_model, d_ff]`, logical axes
+`('layers', 'embed', 'mlp')`), created with `nnx.vmap` (each layer its own random init). The forward
+runs them with `jax.lax.scan` over that axis (`config.scan_layers`, the default: one traced block,
+so compile time does not grow with depth) or, with `scan_layers=False`, as an unrolled Python loop
+over the same stacked parameters (the reference form; equal to the scan up to float rounding).
+`config.remat` names the rematerialisation policy of each block in the training forward
+(`REMAT_POLICIES`); decoding with a cache never rematerialises.
+
+**KV cache layout** (`KVCache`, `init_cache`):
+
+    keys, values  [n_layers, B, S, n_kv_heads, head_dim]   compute dtype; slot s of row b, layer l
+    valid         [B, S] bool                               slot holds a real token (not padding)
+    end           [] int32                                  next slot written (shared by all rows)
+
+`hidden_states(tokens [B, T], positions, cache=cache, token_mask=m)` writes the T new tokens' keys
+and values into slots `end .. end+T-1` of every layer (in place: `dynamic_update_slice` on the
+layer-stacked arrays carried through the scan), sets `valid[:, end:end+T] = m`, and lets query
+`end + t` attend to every valid slot `<= end + t`; it returns the cache with `end + T`. Logical axes:
+`('cache_layers', 'cache_batch', 'cache_length', 'cache_kv_heads', 'activation_head_dim')`
+(`CACHE_AXES`); `KVCache.logical_axes()` gives the tree for sharding a cache.
 """
 
 from __future__ import annotations
 
-import functools
+import math
 from typing import Any
 
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx, struct
+from jax.ad_checkpoint import checkpoint_name
 from jaxtyping import Array, Bool, Float, Int
 
 from tr.models.config import ModelConfig
-from tr.models.sharding import constrain
+from tr.models.sharding import constrain, logical_to_spec
 
 _INIT_STD = 0.02
+
+# Remat policy names (`ModelConfig.remat`) -> what a block keeps for the backward pass.
+# Names tagged with `checkpoint_name` below: q_proj, k_proj, v_proj (projections before the
+# rotation), attention_out (attention output before o_proj).
+REMAT_POLICIES: dict[str, Any] = {
+    "none": None,                                                         # keep everything
+    "full": jax.checkpoint_policies.nothing_saveable,                     # keep block inputs only
+    "minimal": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep weight matmuls
+    "save_qkv_proj": jax.checkpoint_policies.save_only_these_names("q_proj", "k_proj", "v_proj"),
+    "save_attention_out": jax.checkpoint_policies.save_only_these_names(
+        "q_proj", "k_proj", "v_proj", "attention_out"),
+}
+
+CACHE_AXES = ("cache_layers", "cache_batch", "cache_length", "cache_kv_heads", "activation_head_dim")
 
 
 def _param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str | None, ...], dtype: Any,
@@ -52,13 +90,50 @@ class RMSNorm(nnx.Module):
         return (self.weight.get_value().astype(jnp.float32) * normed).astype(x.dtype)
 
 
-def rotary_cos_sin(positions: Int[Array, "b l"], head_dim: int, theta: float
+def rope_frequencies(config: ModelConfig) -> tuple[np.ndarray, float]:
+    """Inverse frequencies `ω [head_dim/2]` and the cos/sin scale `m` of the rotary embedding.
+
+    Default: `ω_i = θ^(-2i/d)`, `m = 1` (d = head_dim, i = 0 .. d/2-1).
+    YaRN (`rope_scaling='yarn'`, Peng et al. 2023, as Hugging Face computes it), with scale `s`,
+    pre-training length `L0`, `β_fast`, `β_slow`:
+
+        corr(r) = d ln(L0 / (2π r)) / (2 ln θ)                 dimension that turns r times over L0
+        lo = max(⌊corr(β_fast)⌋, 0),  hi = min(⌈corr(β_slow)⌉, d - 1)   (no ⌊⌋/⌈⌉ if not truncate)
+        γ_i = 1 - clip((i - lo) / (hi - lo), 0, 1)             1: keep (high frequency), 0: interpolate
+        ω'_i = γ_i ω_i + (1 - γ_i) ω_i / s
+        m = attention factor, default 0.1 ln s + 1 (1 when s <= 1)
+
+    and cos/sin are multiplied by `m`.
+    """
+    d, theta = config.head_dim, config.rope_theta
+    inv_freq = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    if config.rope_scaling == "none":
+        return inv_freq.astype(np.float32), 1.0
+    s = config.rope_factor
+    original = config.rope_original_max_len or config.max_seq_len
+
+    def corr(rotations: float) -> float:
+        return d * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    lo, hi = corr(config.rope_beta_fast), corr(config.rope_beta_slow)
+    if config.rope_truncate:
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, d - 1)
+    if lo == hi:
+        hi += 0.001
+    keep = 1.0 - np.clip((np.arange(d // 2, dtype=np.float64) - lo) / (hi - lo), 0.0, 1.0)
+    scaled = keep * inv_freq + (1.0 - keep) * inv_freq / s
+    factor = config.rope_attention_factor or (0.1 * math.log(s) + 1.0 if s > 1 else 1.0)
+    return scaled.astype(np.float32), float(factor)
+
+
+def rotary_cos_sin(positions: Int[Array, "b l"], config: ModelConfig
                    ) -> tuple[Float[Array, "b l d"], Float[Array, "b l d"]]:
-    """cos/sin tables: angle[b, l, j] = positions[b, l] * theta^(-2(j mod d/2)/d)."""
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-    angles = positions.astype(jnp.float32)[..., None] * inv_freq
+    """cos/sin tables: angle[b, l, j] = positions[b, l] * ω[j mod d/2], times `m` (`rope_frequencies`)."""
+    inv_freq, scale = rope_frequencies(config)
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
     angles = jnp.concatenate([angles, angles], axis=-1)
-    return jnp.cos(angles), jnp.sin(angles)
+    return jnp.cos(angles) * scale, jnp.sin(angles) * scale
 
 
 def apply_rotary(x: Float[Array, "b l h d"], cos: Float[Array, "b l d"], sin: Float[Array, "b l d"]
@@ -73,14 +148,15 @@ def apply_rotary(x: Float[Array, "b l h d"], cos: Float[Array, "b l d"], sin: Fl
 
 @struct.dataclass
 class KVCache:
-    """Per-layer keys/values `[B, S, K, head_dim]`, slot validity `[B, S]`, next free slot `end`.
+    """Layer-stacked keys/values `[n_layers, B, S, K, head_dim]`, slot validity `[B, S]`, next slot `end`.
 
     All rows write the same slots (prompts are left-padded to a common length), so one scalar
-    `end` indexes the batch; `valid` marks the slots holding real tokens.
+    `end` indexes the batch; `valid` marks the slots holding real tokens. `keys[l]` is layer l's
+    `[B, S, K, head_dim]` block. See the module docstring for how `hidden_states` updates it.
     """
 
-    keys: tuple[jax.Array, ...]
-    values: tuple[jax.Array, ...]
+    keys: jax.Array
+    values: jax.Array
     valid: jax.Array
     end: jax.Array
 
@@ -88,18 +164,46 @@ class KVCache:
     def length(self) -> int:
         return self.valid.shape[1]
 
+    @staticmethod
+    def logical_axes() -> "KVCache":
+        """The cache's logical axis names, as a KVCache-shaped tree (for `sharding.logical_to_spec`)."""
+        return KVCache(keys=CACHE_AXES, values=CACHE_AXES, valid=("cache_batch", "cache_length"),
+                       end=())
+
 
 def init_cache(config: ModelConfig, batch: int, length: int) -> KVCache:
-    """An empty cache with `length` slots for `batch` rows."""
-    shape = (batch, length, config.n_kv_heads, config.head_dim)
-    zeros = tuple(jnp.zeros(shape, config.compute_dtype) for _ in range(config.n_layers))
-    return KVCache(keys=zeros, values=tuple(jnp.zeros(shape, config.compute_dtype) for _ in range(config.n_layers)),
+    """An empty cache with `length` slots for `batch` rows (all layers in one array)."""
+    shape = (config.n_layers, batch, length, config.n_kv_heads, config.head_dim)
+    return KVCache(keys=jnp.zeros(shape, config.compute_dtype), values=jnp.zeros(shape, config.compute_dtype),
                    valid=jnp.zeros((batch, length), bool), end=jnp.zeros((), jnp.int32))
 
 
-def attend(q: Float[Array, "b t h d"], k: Float[Array, "b s k d"], v: Float[Array, "b s k d"],
-           mask: Bool[Array, "b t s"]) -> Float[Array, "b t h d"]:
-    """Grouped-query softmax attention: `softmax(q k^T / sqrt(d) + mask) v`, logits in float32."""
+@struct.dataclass
+class AttentionMask:
+    """Who may attend to whom, without materialising `[B, T, S]`: query `i` sees key `j` iff
+
+        key_slot[j] <= query_slot[i]  and  query_segment[b, i] == key_segment[b, j]  and  key_valid[b, j]
+
+    (causal within a packed segment; with a cache, slots are cache positions and `key_valid` marks
+    slots holding real tokens). `dense(rows)` builds the boolean mask of some query rows.
+    """
+
+    query_slot: jax.Array      # [T] int32
+    key_slot: jax.Array        # [S] int32
+    query_segment: jax.Array   # [B, T] int32
+    key_segment: jax.Array     # [B, S] int32
+    key_valid: jax.Array       # [B, S] bool
+
+    def dense(self, query_slot: jax.Array | None = None, query_segment: jax.Array | None = None
+              ) -> Bool[Array, "b t s"]:
+        qs = self.query_slot if query_slot is None else query_slot
+        qseg = self.query_segment if query_segment is None else query_segment
+        return ((self.key_slot[None, None, :] <= qs[..., :, None])
+                & (qseg[:, :, None] == self.key_segment[:, None, :]) & self.key_valid[:, None, :])
+
+
+def _attend_dense(q, k, v, mask):
+    """`softmax(q k^T / sqrt(d) + mask) v` for grouped-query heads, logits in float32."""
     b, t, h, d = q.shape
     n_kv = k.shape[2]
     qg = q.reshape(b, t, n_kv, h // n_kv, d)
@@ -109,6 +213,47 @@ def attend(q: Float[Array, "b t h d"], k: Float[Array, "b s k d"], v: Float[Arra
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
     return out.reshape(b, t, h, d)
+
+
+def _length_shards(length: int) -> int:
+    """Devices the query (activation_length) axis is split over under the active mesh and rules."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return 1
+    spec = logical_to_spec(("activation_length",), (length,), dict(mesh.shape))
+    axes = spec[0] if isinstance(spec[0], tuple) else (() if spec[0] is None else (spec[0],))
+    return math.prod(mesh.shape[a] for a in axes)
+
+
+def attend(q: Float[Array, "b t h d"], k: Float[Array, "b s k d"], v: Float[Array, "b s k d"],
+           mask: AttentionMask, *, query_chunk: int = 0) -> Float[Array, "b t h d"]:
+    """Grouped-query softmax attention: `softmax(q k^T / sqrt(d) + mask) v`, logits in float32.
+
+    `query_chunk > 0` computes it `query_chunk` queries at a time (`lax.map`, each block
+    rematerialised in the backward pass), so at most `[B, H, query_chunk, S]` scores exist at once
+    instead of `[B, H, T, S]`: exact, the same numbers. Blocks are taken inside each shard of a
+    context-parallel query axis (block i of every shard together), so the map never crosses devices.
+    """
+    b, t = q.shape[:2]
+    shards = _length_shards(t)
+    local = t // shards
+    chunk = math.gcd(local, query_chunk) if query_chunk else local
+    if chunk >= local:
+        return _attend_dense(q, k, v, mask.dense())
+    n = local // chunk
+
+    def blocks(x):  # [b, t, ...] -> [n, b, shards * chunk, ...]; block i = chunk i of every shard
+        x = x.reshape(x.shape[0], shards, n, chunk, *x.shape[2:])
+        return jnp.moveaxis(x, 2, 0).reshape(n, x.shape[0], shards * chunk, *x.shape[4:])
+
+    def one(args):
+        q_block, slot_block, segment_block = args
+        return _attend_dense(q_block, k, v, mask.dense(slot_block[0], segment_block))
+
+    slots = jnp.broadcast_to(mask.query_slot, (1, t))
+    out = jax.lax.map(jax.checkpoint(one), (blocks(q), blocks(slots), blocks(mask.query_segment)))
+    out = out.reshape(n, b, shards, chunk, *out.shape[3:])
+    return jnp.moveaxis(out, 0, 2).reshape(q.shape)
 
 
 class Attention(nnx.Module):
@@ -123,12 +268,13 @@ class Attention(nnx.Module):
         self.k_norm = RMSNorm(c.head_dim, c.rms_eps, dt, rngs=rngs)
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
-                 cache_kv: tuple[jax.Array, jax.Array] | None, end: jax.Array | None
-                 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+                 cache_kv: tuple[jax.Array, jax.Array] | None, layer: jax.Array | int,
+                 end: jax.Array | None) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+        """Attention of layer `layer`; `cache_kv` is the layer-STACKED (keys, values) or None."""
         dt = self.config.compute_dtype
-        q = jnp.einsum("btd,dhk->bthk", x, self.q_proj.get_value().astype(dt))
-        k = jnp.einsum("btd,dhk->bthk", x, self.k_proj.get_value().astype(dt))
-        v = jnp.einsum("btd,dhk->bthk", x, self.v_proj.get_value().astype(dt))
+        q = checkpoint_name(jnp.einsum("btd,dhk->bthk", x, self.q_proj.get_value().astype(dt)), "q_proj")
+        k = checkpoint_name(jnp.einsum("btd,dhk->bthk", x, self.k_proj.get_value().astype(dt)), "k_proj")
+        v = checkpoint_name(jnp.einsum("btd,dhk->bthk", x, self.v_proj.get_value().astype(dt)), "v_proj")
         q = apply_rotary(self.q_norm(q), cos, sin)
         k = apply_rotary(self.k_norm(k), cos, sin)
         q = constrain(q, ("activation_batch", "activation_length", "activation_heads", "activation_head_dim"))
@@ -136,15 +282,15 @@ class Attention(nnx.Module):
         if cache_kv is not None:
             cache_k, cache_v = cache_kv
             zero = jnp.zeros((), jnp.int32)
-            cache_k = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype), (zero, end, zero, zero))
-            cache_v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), (zero, end, zero, zero))
-            cache_axes = ("cache_batch", "cache_length", "cache_kv_heads", "activation_head_dim")
-            cache_k, cache_v = constrain(cache_k, cache_axes), constrain(cache_v, cache_axes)
+            at = (jnp.asarray(layer, jnp.int32), zero, end, zero, zero)
+            cache_k = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype)[None], at)
+            cache_v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype)[None], at)
+            cache_k, cache_v = constrain(cache_k, CACHE_AXES), constrain(cache_v, CACHE_AXES)
             new_kv = (cache_k, cache_v)
-            k, v = cache_k, cache_v
+            k, v = cache_k[layer], cache_v[layer]
         kv_axes = ("activation_batch", "activation_kv_length", "activation_kv_heads", "activation_head_dim")
         k, v = constrain(k, kv_axes), constrain(v, kv_axes)
-        out = attend(q, k, v, mask)
+        out = checkpoint_name(attend(q, k, v, mask, query_chunk=self.config.attention_chunk), "attention_out")
         y = jnp.einsum("bthk,hkd->btd", out, self.o_proj.get_value().astype(dt))
         return y, new_kv
 
@@ -175,8 +321,8 @@ class Block(nnx.Module):
         self.post_attention_layernorm = RMSNorm(config.d_model, config.rms_eps, dt, rngs=rngs)
         self.mlp = MLP(config, rngs=rngs)
 
-    def __call__(self, x, cos, sin, mask, cache_kv, end):
-        attn_out, new_kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, cache_kv, end)
+    def __call__(self, x, cos, sin, mask, cache_kv, layer, end):
+        attn_out, new_kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, cache_kv, layer, end)
         x = x + attn_out
         x = x + self.mlp(self.post_attention_layernorm(x))
         x = constrain(x, ("activation_batch", "activation_length", "activation_embed"))
@@ -193,6 +339,18 @@ def positions_from_segments(segment_ids: Int[Array, "b l"]) -> Int[Array, "b l"]
     return index - start_index
 
 
+def stacked_blocks(config: ModelConfig, rngs: nnx.Rngs) -> Block:
+    """`n_layers` blocks as one `Block` whose parameters have a leading `'layers'` axis."""
+
+    @nnx.split_rngs(splits=config.n_layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0, axis_size=config.n_layers,
+              transform_metadata={nnx.PARTITION_NAME: None, "logical_axes": "layers"})
+    def make(layer_rngs: nnx.Rngs) -> Block:
+        return Block(config, rngs=layer_rngs)
+
+    return make(rngs)
+
+
 class Decoder(nnx.Module):
     """Qwen3 causal decoder. `lm_head=False` builds the backbone only (the critic's trunk)."""
 
@@ -200,7 +358,7 @@ class Decoder(nnx.Module):
         dt = config.weight_dtype
         self.config = config
         self.embed_tokens = _param(rngs, (config.vocab_size, config.d_model), ("vocab", "embed"), dt)
-        self.layers = nnx.List([Block(config, rngs=rngs) for _ in range(config.n_layers)])
+        self.layers = stacked_blocks(config, rngs)
         self.norm = RMSNorm(config.d_model, config.rms_eps, dt, rngs=rngs)
         self.lm_head = (_param(rngs, (config.d_model, config.vocab_size), ("embed", "vocab"), dt)
                         if (lm_head and not config.tie_embeddings) else None)
@@ -224,8 +382,9 @@ class Decoder(nnx.Module):
                 segment_ids = jnp.ones((b, t), jnp.int32)
             if positions is None:
                 positions = positions_from_segments(segment_ids)
-            causal = jnp.tril(jnp.ones((t, t), bool))
-            mask = causal[None] & (segment_ids[:, :, None] == segment_ids[:, None, :])
+            index = jnp.arange(t, dtype=jnp.int32)
+            mask = AttentionMask(query_slot=index, key_slot=index, query_segment=segment_ids,
+                                 key_segment=segment_ids, key_valid=jnp.ones((b, t), bool))
             end = None
         else:
             if positions is None:
@@ -234,27 +393,46 @@ class Decoder(nnx.Module):
                 token_mask = jnp.ones((b, t), bool)
             end = cache.end
             valid = jax.lax.dynamic_update_slice(cache.valid, token_mask, (jnp.zeros((), jnp.int32), end))
-            slot = jnp.arange(cache.length)
-            query_slot = end + jnp.arange(t)
-            mask = valid[:, None, :] & (slot[None, None, :] <= query_slot[None, :, None])
+            mask = AttentionMask(query_slot=end + jnp.arange(t, dtype=jnp.int32),
+                                 key_slot=jnp.arange(cache.length, dtype=jnp.int32),
+                                 query_segment=jnp.zeros((b, t), jnp.int32),
+                                 key_segment=jnp.zeros((b, cache.length), jnp.int32), key_valid=valid)
         chex.assert_equal_shape([tokens, positions])
         x = self.embed_tokens.get_value()[tokens].astype(c.compute_dtype)
         x = constrain(x, ("activation_batch", "activation_length", "activation_embed"))
-        cos, sin = rotary_cos_sin(positions, c.head_dim, c.rope_theta)
-        new_keys, new_values = [], []
-        for i, block in enumerate(self.layers):
-            kv = None if cache is None else (cache.keys[i], cache.values[i])
-            if c.remat and cache is None:
-                x, new_kv = nnx.remat(lambda blk, *a: blk(*a))(block, x, cos, sin, mask, kv, end)
-            else:
-                x, new_kv = block(x, cos, sin, mask, kv, end)
-            if new_kv is not None:
-                new_keys.append(new_kv[0])
-                new_values.append(new_kv[1])
+        cos, sin = rotary_cos_sin(positions, c)
+        cache_kv = None if cache is None else (cache.keys, cache.values)
+        x, cache_kv = self._run_layers(x, cos, sin, mask, cache_kv, end)
         h = self.norm(x)
         if cache is None:
             return h, None
-        return h, KVCache(keys=tuple(new_keys), values=tuple(new_values), valid=valid, end=end + t)
+        return h, KVCache(keys=cache_kv[0], values=cache_kv[1], valid=valid, end=end + t)
+
+    def _run_layers(self, x, cos, sin, mask, cache_kv, end):
+        """The stacked blocks over `x`: a `lax.scan` over the layer axis, or the unrolled loop."""
+        c = self.config
+        graphdef, stacked = nnx.split(self.layers)
+
+        def layer_fn(x, params, layer, cache_kv):
+            return nnx.merge(graphdef, params)(x, cos, sin, mask, cache_kv, layer, end)
+
+        if c.remat != "none" and cache_kv is None:
+            layer_fn = jax.checkpoint(layer_fn, policy=REMAT_POLICIES[c.remat],
+                                      prevent_cse=not c.scan_layers)
+        if not c.scan_layers:
+            for layer in range(c.n_layers):
+                params = jax.tree.map(lambda a, i=layer: a[i], stacked)
+                x, cache_kv = layer_fn(x, params, layer, cache_kv)
+            return x, cache_kv
+
+        def body(carry, xs):
+            x, cache_kv = carry
+            params, layer = xs
+            return layer_fn(x, params, layer, cache_kv), None
+
+        (x, cache_kv), _ = jax.lax.scan(body, (x, cache_kv),
+                                        (stacked, jnp.arange(c.n_layers, dtype=jnp.int32)))
+        return x, cache_kv
 
     def output_matrix(self) -> Float[Array, "d v"]:
         """The `[d_model, vocab]` output projection (the transposed embedding when tied)."""

@@ -25,6 +25,7 @@ from typing import Any, Iterator, Sequence
 import jax
 import numpy as np
 from flax import nnx
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES: tuple[str, ...] = ("data", "fsdp", "tensor", "context")
@@ -33,7 +34,9 @@ LogicalAxes = tuple[str | None, ...]
 Rules = tuple[tuple[str, tuple[str, ...]], ...]
 
 LOGICAL_AXIS_RULES: Rules = (
-    # parameters
+    # parameters (block parameters are stacked: a leading 'layers' axis, never sharded, so the
+    # layer scan slices it locally)
+    ("layers", ()),
     ("vocab", ("tensor",)),
     ("embed", ("fsdp",)),
     ("mlp", ("tensor",)),
@@ -52,7 +55,8 @@ LOGICAL_AXIS_RULES: Rules = (
     ("activation_mlp", ("tensor",)),
     ("activation_vocab", ("tensor",)),
     ("activation_head_dim", ()),
-    # decoding cache
+    # decoding cache (layer-stacked, see tr/models/decoder.py)
+    ("cache_layers", ()),
     ("cache_batch", ("data", "fsdp")),
     ("cache_length", ()),
     ("cache_kv_heads", ("tensor",)),
@@ -109,8 +113,14 @@ def make_mesh(config: MeshConfig | Sequence[int], devices: Sequence[Any] | None 
             raise ValueError(f"mesh shape {sizes} must have {len(MESH_AXES)} entries {MESH_AXES}")
         config = MeshConfig(*sizes)
     shape = config.shape(len(devices))
-    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
-                         devices=devices)
+    axis_types = (AxisType.Auto,) * len(MESH_AXES)
+    try:
+        return jax.make_mesh(shape, MESH_AXES, axis_types=axis_types, devices=devices)
+    except NotImplementedError:
+        # A TPU torus axis must be split (e.g. tensor = 8 on a 4x4x4 v5p-128): allowed, with the
+        # devices still laid out by the physical torus (mesh_utils keeps neighbours together).
+        grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+        return Mesh(grid, MESH_AXES, axis_types=axis_types)
 
 
 def logical_to_spec(logical_axes: LogicalAxes, shape: Sequence[int] | None = None,

@@ -1,8 +1,11 @@
 """Hugging Face Qwen3 safetensors <-> NNX parameters (import and export, names, shapes, dtypes).
 
 HF `Qwen3ForCausalLM` stores linear weights as `[out, in]`; this decoder stores them as
-`[in, out]` with heads split out (`q_proj [d, H, hd]`, `o_proj [H, hd, d]`). The table below is the
-whole mapping; `export` and `import` are its two directions, so a round trip is exact.
+`[in, out]` with heads split out (`q_proj [d, H, hd]`, `o_proj [H, hd, d]`), and stacks the blocks:
+every block parameter has a leading layer axis (`layers.self_attn.q_proj [n_layers, d, H, hd]`),
+whose slice `l` is HF's `model.layers.{l}.self_attn.q_proj.weight` (converted). The table below is
+the whole mapping (a block entry's HF name holds `{layer}`); `export` and `import` are its two
+directions, so a round trip is exact.
 The critic adds `score.weight [1, d]` and `score.bias [1]` (HF token-classification naming) and
 `value_start [1]` (this project's empty-history value).
 Files: one `model.safetensors`, or shards with `model.safetensors.index.json`; `config.json`
@@ -12,6 +15,7 @@ follows HF's Qwen3 config keys.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from typing import Any, Callable, Iterator, Mapping
@@ -81,25 +85,31 @@ def decoder_mapping(config: ModelConfig, *, lm_head: bool = True, prefix: tuple[
     out: list[Converter] = [(prefix + ("embed_tokens",), "model.embed_tokens.weight", _same, _same)]
     q_conv = (_heads_in_to_hf("n_heads"), _heads_in_from_hf("n_heads"))
     kv_conv = (_heads_in_to_hf("n_kv_heads"), _heads_in_from_hf("n_kv_heads"))
-    for i in range(config.n_layers):
-        p, h = prefix + ("layers", i), f"model.layers.{i}."
-        out += [
-            (p + ("input_layernorm", "weight"), h + "input_layernorm.weight", _same, _same),
-            (p + ("self_attn", "q_proj"), h + "self_attn.q_proj.weight", *q_conv),
-            (p + ("self_attn", "k_proj"), h + "self_attn.k_proj.weight", *kv_conv),
-            (p + ("self_attn", "v_proj"), h + "self_attn.v_proj.weight", *kv_conv),
-            (p + ("self_attn", "o_proj"), h + "self_attn.o_proj.weight", _o_to_hf, _o_from_hf),
-            (p + ("self_attn", "q_norm", "weight"), h + "self_attn.q_norm.weight", _same, _same),
-            (p + ("self_attn", "k_norm", "weight"), h + "self_attn.k_norm.weight", _same, _same),
-            (p + ("post_attention_layernorm", "weight"), h + "post_attention_layernorm.weight", _same, _same),
-            (p + ("mlp", "gate_proj"), h + "mlp.gate_proj.weight", _transpose, _transpose),
-            (p + ("mlp", "up_proj"), h + "mlp.up_proj.weight", _transpose, _transpose),
-            (p + ("mlp", "down_proj"), h + "mlp.down_proj.weight", _transpose, _transpose),
-        ]
+    p, h = prefix + ("layers",), "model.layers.{layer}."
+    out += [
+        (p + ("input_layernorm", "weight"), h + "input_layernorm.weight", _same, _same),
+        (p + ("self_attn", "q_proj"), h + "self_attn.q_proj.weight", *q_conv),
+        (p + ("self_attn", "k_proj"), h + "self_attn.k_proj.weight", *kv_conv),
+        (p + ("self_attn", "v_proj"), h + "self_attn.v_proj.weight", *kv_conv),
+        (p + ("self_attn", "o_proj"), h + "self_attn.o_proj.weight", _o_to_hf, _o_from_hf),
+        (p + ("self_attn", "q_norm", "weight"), h + "self_attn.q_norm.weight", _same, _same),
+        (p + ("self_attn", "k_norm", "weight"), h + "self_attn.k_norm.weight", _same, _same),
+        (p + ("post_attention_layernorm", "weight"), h + "post_attention_layernorm.weight", _same, _same),
+        (p + ("mlp", "gate_proj"), h + "mlp.gate_proj.weight", _transpose, _transpose),
+        (p + ("mlp", "up_proj"), h + "mlp.up_proj.weight", _transpose, _transpose),
+        (p + ("mlp", "down_proj"), h + "mlp.down_proj.weight", _transpose, _transpose),
+    ]
     out.append((prefix + ("norm", "weight"), "model.norm.weight", _same, _same))
     if lm_head and not config.tie_embeddings:
         out.append((prefix + ("lm_head",), "lm_head.weight", _transpose, _transpose))
     return out
+
+
+def _hf_names(hf_name: str, config: ModelConfig) -> list[str]:
+    """The HF tensor names of one mapping entry: one per layer for a stacked block parameter."""
+    if "{layer}" not in hf_name:
+        return [hf_name]
+    return [hf_name.format(layer=i) for i in range(config.n_layers)]
 
 
 def model_mapping(model: nnx.Module) -> list[Converter]:
@@ -133,7 +143,12 @@ def export_state_dict(model: nnx.Module, dtype: str | None = None) -> dict[str, 
         value = np.asarray(variables[path].get_value())
         if dtype is not None:
             value = value.astype(_NP_DTYPES[dtype])
-        tensors[hf_name] = np.ascontiguousarray(to_hf(value, model.config))
+        names = _hf_names(hf_name, model.config)
+        if len(names) == 1 and "{layer}" not in hf_name:
+            tensors[hf_name] = np.ascontiguousarray(to_hf(value, model.config))
+        else:
+            for layer, name in enumerate(names):
+                tensors[name] = np.ascontiguousarray(to_hf(value[layer], model.config))
     return tensors
 
 
@@ -149,7 +164,7 @@ def import_state_dict(model: nnx.Module, tensors: Mapping[str, np.ndarray], *, s
     config = model.config
     variables = _variables(model)
     mapping = model_mapping(model)
-    names = {m[1] for m in mapping}
+    names = {name for m in mapping for name in _hf_names(m[1], config)}
     missing = sorted(names - set(tensors))
     if missing:
         raise ValueError(f"{source}: missing {len(missing)} tensor(s) for model {config.name!r}, e.g. {missing[:4]}")
@@ -161,33 +176,123 @@ def import_state_dict(model: nnx.Module, tensors: Mapping[str, np.ndarray], *, s
                          "(wrong architecture or config?)")
     updates = []
     for path, hf_name, _, from_hf in mapping:
-        value = np.asarray(tensors[hf_name])
-        expected = _hf_shape(hf_name, config)
-        if tuple(value.shape) != expected:
-            raise ValueError(f"{origin.get(hf_name, source)}: tensor {hf_name!r} has shape {tuple(value.shape)}, "
-                             f"expected {expected} for model {config.name!r}")
         var = variables[path]
         target_dtype = np.asarray(var.get_value()).dtype
-        updates.append((path, var.replace(np.asarray(from_hf(value, config)).astype(target_dtype))))
+        slices = []
+        for name in _hf_names(hf_name, config):
+            value = np.asarray(tensors[name])
+            expected = _hf_shape(name, config)
+            if tuple(value.shape) != expected:
+                raise ValueError(f"{origin.get(name, source)}: tensor {name!r} has shape {tuple(value.shape)}, "
+                                 f"expected {expected} for model {config.name!r}")
+            slices.append(np.asarray(from_hf(value, config)).astype(target_dtype))
+        value = slices[0] if "{layer}" not in hf_name else np.stack(slices)
+        updates.append((path, var.replace(value)))
     nnx.update(model, nnx.from_flat_state(updates))
     return model
 
 
 def hf_config_dict(config: ModelConfig) -> dict[str, Any]:
-    """`config.json` content in Hugging Face Qwen3 terms."""
-    return {
+    """`config.json` content in Hugging Face Qwen3 terms, readable by both config generations:
+    transformers >= 5 (`dtype`, `rope_parameters`) and 4.x (`torch_dtype`, `rope_theta`,
+    `rope_scaling`)."""
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config.rope_theta}
+    if config.rope_scaling == "yarn":
+        rope.update(rope_type="yarn", factor=config.rope_factor, beta_fast=config.rope_beta_fast,
+                    beta_slow=config.rope_beta_slow, truncate=config.rope_truncate,
+                    original_max_position_embeddings=config.rope_original_max_len or config.max_seq_len)
+        if config.rope_attention_factor:
+            rope["attention_factor"] = config.rope_attention_factor
+    out = {
         "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
         "vocab_size": config.vocab_size, "hidden_size": config.d_model, "num_hidden_layers": config.n_layers,
         "num_attention_heads": config.n_heads, "num_key_value_heads": config.n_kv_heads,
-        "head_dim": config.head_dim, "intermediate_size": config.d_ff, "rope_theta": config.rope_theta,
+        "head_dim": config.head_dim, "intermediate_size": config.d_ff,
         "rms_norm_eps": config.rms_eps, "tie_word_embeddings": config.tie_embeddings,
-        "max_position_embeddings": config.max_seq_len, "torch_dtype": config.param_dtype,
-        "hidden_act": "silu", "attention_bias": False,
+        "max_position_embeddings": config.max_seq_len, "hidden_act": "silu", "attention_bias": False,
+        "use_sliding_window": False,
+        "dtype": config.param_dtype, "rope_parameters": rope,
+        "torch_dtype": config.param_dtype, "rope_theta": config.rope_theta,
     }
+    if config.rope_scaling == "yarn":
+        out["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+    return out
+
+
+# config.json keys (and rope keys) whose feature this decoder does not implement: refused by name.
+_UNSUPPORTED_ROPE_TYPES = ("linear", "dynamic", "longrope", "llama3", "mrope", "proportional")
+_SUPPORTED_ROPE_KEYS = {"rope_type", "type", "rope_theta", "factor", "original_max_position_embeddings",
+                        "beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim",
+                        "truncate", "partial_rotary_factor"}
+
+
+def _rope_fields(source: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """ModelConfig RoPE fields from either config generation: `rope_parameters` (transformers >= 5,
+    holds `rope_theta`) or top-level `rope_theta` + `rope_scaling` (4.x)."""
+    params = source.get("rope_parameters")
+    legacy = source.get("rope_scaling")
+    if params is not None and not isinstance(params, Mapping):
+        raise ValueError(f"{where}: rope_parameters must be an object, got {params!r}")
+    if isinstance(params, Mapping) and any(isinstance(v, Mapping) for v in params.values()):
+        raise ValueError(f"{where}: rope_parameters per layer type ({sorted(params)}) are not supported "
+                         "(one RoPE for every layer only)")
+    rope = dict(legacy or {})
+    rope.update(params or {})
+    theta = rope.get("rope_theta", source.get("rope_theta", 1e6))  # neither: Qwen3's default
+    if "rope_theta" in source and "rope_theta" in rope and float(source["rope_theta"]) != float(rope["rope_theta"]):
+        raise ValueError(f"{where}: rope_theta={source['rope_theta']} disagrees with "
+                         f"rope_parameters.rope_theta={rope['rope_theta']}")
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind in _UNSUPPORTED_ROPE_TYPES or kind not in ("default", "yarn"):
+        raise ValueError(f"{where}: rope_type {kind!r} is not supported (supported: 'default', 'yarn')")
+    unknown = sorted(set(rope) - _SUPPORTED_ROPE_KEYS)
+    if unknown:
+        raise ValueError(f"{where}: RoPE parameter(s) {unknown} are not supported")
+    partial = float(rope.get("partial_rotary_factor", source.get("partial_rotary_factor", 1.0)))
+    if partial != 1.0:
+        raise ValueError(f"{where}: partial_rotary_factor={partial} is not supported (rotary over "
+                         "the whole head only)")
+    fields: dict[str, Any] = {"rope_theta": float(theta)}
+    if kind == "yarn":
+        max_len = int(source.get("max_position_embeddings", 40960))
+        original = int(rope.get("original_max_position_embeddings") or max_len)
+        factor = rope.get("factor")
+        factor = float(factor) if factor is not None else max_len / original
+        attention = rope.get("attention_factor")
+        mscale, mscale_all = rope.get("mscale"), rope.get("mscale_all_dim")
+        if attention is None and mscale and mscale_all:
+            def m(scale, k):
+                return 1.0 if scale <= 1 else 0.1 * k * math.log(scale) + 1.0
+            attention = m(factor, float(mscale)) / m(factor, float(mscale_all))
+        fields.update(rope_scaling="yarn", rope_factor=factor, rope_original_max_len=original,
+                      rope_beta_fast=float(rope.get("beta_fast") or 32.0),
+                      rope_beta_slow=float(rope.get("beta_slow") or 1.0),
+                      rope_attention_factor=float(attention or 0.0),
+                      rope_truncate=bool(rope.get("truncate", True)))
+    return fields
+
+
+def _dtype_field(source: Mapping[str, Any], where: str) -> str:
+    """`dtype` (transformers >= 5) or `torch_dtype` (4.x); absent means float32 (as HF loads it)."""
+    new, old = source.get("dtype"), source.get("torch_dtype")
+    if new is not None and old is not None and str(new) != str(old):
+        raise ValueError(f"{where}: dtype={new!r} disagrees with torch_dtype={old!r}")
+    dtype = str(new if new is not None else old if old is not None else "float32")
+    dtype = dtype.removeprefix("torch.")
+    if dtype not in _NP_DTYPES:
+        raise ValueError(f"{where}: dtype {dtype!r} is not supported (supported: {sorted(_NP_DTYPES)})")
+    return dtype
 
 
 def config_from_hf(source: str | os.PathLike | Mapping[str, Any], name: str = "hf", **overrides: Any) -> ModelConfig:
-    """A `ModelConfig` from an HF Qwen3 `config.json` (path, its folder, or the parsed dict)."""
+    """A `ModelConfig` from an HF Qwen3 `config.json` (path, its folder, or the parsed dict).
+
+    Reads both config generations (`dtype` / `torch_dtype`; `rope_parameters.rope_theta` /
+    top-level `rope_theta` + `rope_scaling`), including YaRN RoPE scaling. A feature this decoder
+    does not implement is refused by name: sliding-window attention (`use_sliding_window`, or a
+    `layer_types` entry other than 'full_attention'), attention biases, activations other than
+    silu, other RoPE types, partial rotary embeddings, other architectures (e.g. MoE).
+    """
     where = "<dict>"
     if not isinstance(source, Mapping):
         where = os.fspath(source)
@@ -199,19 +304,30 @@ def config_from_hf(source: str | os.PathLike | Mapping[str, Any], name: str = "h
     missing = [k for k in required if k not in source]
     if missing:
         raise ValueError(f"{where}: config.json lacks {missing}")
-    if source.get("hidden_act", "silu") != "silu" or source.get("attention_bias", False):
-        raise ValueError(f"{where}: only Qwen3-style configs (silu, no attention bias) are supported")
-    dtype = str(source.get("torch_dtype", "bfloat16"))
-    dtype = dtype if dtype in _NP_DTYPES else "bfloat16"
+    model_type = source.get("model_type", "qwen3")
+    if model_type != "qwen3" or source.get("num_experts") or source.get("num_local_experts"):
+        raise ValueError(f"{where}: model_type {model_type!r} is not supported (dense Qwen3 only)")
+    if source.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"{where}: hidden_act {source['hidden_act']!r} is not supported (silu only)")
+    if source.get("attention_bias", False):
+        raise ValueError(f"{where}: attention_bias=true is not supported (Qwen3 has no attention biases)")
+    if source.get("use_sliding_window", False):
+        raise ValueError(f"{where}: use_sliding_window=true (sliding_window={source.get('sliding_window')}) "
+                         "is not supported: every layer attends to the whole context here")
+    layer_types = source.get("layer_types") or []
+    other = sorted({t for t in layer_types if t != "full_attention"})
+    if other:
+        raise ValueError(f"{where}: layer_types {other} are not supported (full_attention only)")
+    dtype = _dtype_field(source, where)
     fields = dict(
         vocab_size=source["vocab_size"], d_model=source["hidden_size"], n_layers=source["num_hidden_layers"],
         n_heads=source["num_attention_heads"],
-        n_kv_heads=source.get("num_key_value_heads", source["num_attention_heads"]),
-        head_dim=source.get("head_dim", source["hidden_size"] // source["num_attention_heads"]),
-        d_ff=source["intermediate_size"], rope_theta=float(source.get("rope_theta", 1e6)),
-        rms_eps=float(source.get("rms_norm_eps", 1e-6)),
+        n_kv_heads=source.get("num_key_value_heads") or source["num_attention_heads"],
+        head_dim=source.get("head_dim") or source["hidden_size"] // source["num_attention_heads"],
+        d_ff=source["intermediate_size"], rms_eps=float(source.get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(source.get("tie_word_embeddings", False)),
-        max_seq_len=source.get("max_position_embeddings", 40960), dtype=dtype, param_dtype=dtype)
+        max_seq_len=source.get("max_position_embeddings", 40960), dtype=dtype, param_dtype=dtype,
+        **_rope_fields(source, where))
     return ModelConfig(name=name, **{**fields, **overrides})
 
 

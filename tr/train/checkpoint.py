@@ -188,6 +188,8 @@ class StageStore:
             "finished_step": None,
         }
         existing = self.manifest
+        if jax.process_count() > 1:  # every host has read the same state before process 0 writes
+            multihost_utils.sync_global_devices(f"tr.train.checkpoint.create-read:{self.stage}")
         if existing is not None:
             for field in ("kind", "config", "parents", "optimizers", "critic_frozen",
                           "critic_hash_before"):
