@@ -1,0 +1,308 @@
+"""Sandboxes across several Docker engines (``tr.envs.endpoints`` + the rollout engine).
+
+Two real endpoints of this machine's engine: its socket, and a TCP listener on 127.0.0.1 that
+this test opens (a thread forwarding each connection to the socket).  Stopping the listener and
+dropping its connections is the endpoint going away; starting it again on the same port is the
+endpoint coming back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from tr.agent.harness import EpisodeSpec
+from tr.agent.records import EpisodeStatus
+from tr.agent.rollout import RolloutConfig, TaskEnv, group_specs, run_rollouts
+from tr.agent.transcript import ChatLayout
+from tr.envs.endpoints import EndpointPool, answers, endpoint_client, resolve_endpoint
+from tr.envs.sandbox import SandboxConfig, SandboxError, make_sandbox
+from tr.envs.workspace import owner_id
+
+from test_sandbox import docker_problem  # noqa: F401
+
+SOCKET = "unix:///var/run/docker.sock"
+SMALL = dict(memory_mb=512, pids=128, disk_mb=64, file_size_mb=256, cpu_time_s=120)
+
+
+class SocketProxy:
+    """A TCP listener on 127.0.0.1 forwarding every connection to a unix socket (two pump threads
+    per connection).  ``stop`` closes the listener and every forwarded connection."""
+
+    def __init__(self, target: str = "/var/run/docker.sock", port: int = 0):
+        self.target, self.port = target, port
+        self.conns: list[socket.socket] = []
+        self.lock = threading.Lock()
+        self.listener: socket.socket | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"tcp://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        ls.bind(("127.0.0.1", self.port))
+        ls.listen(64)
+        self.port = ls.getsockname()[1]
+        self.listener = ls
+        threading.Thread(target=self._accept, args=(ls,), daemon=True).start()
+
+    def _accept(self, ls: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = ls.accept()
+            except OSError:
+                return
+            up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                up.connect(self.target)
+            except OSError:
+                conn.close()
+                continue
+            with self.lock:
+                self.conns += [conn, up]
+            for a, b in ((conn, up), (up, conn)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(1 << 16):
+                b.sendall(data)
+        except OSError:
+            pass
+        try:
+            b.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def stop(self) -> None:
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)   # wakes the thread blocked in accept()
+        except OSError:
+            pass
+        self.listener.close()
+        with self.lock:
+            conns, self.conns = self.conns, []
+        for s in conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _our_containers() -> list[str]:
+    """Containers of this process on the engine (through its socket, independent of tr)."""
+    import docker
+    client = docker.DockerClient(base_url=SOCKET)
+    try:
+        return [c["Id"] for c in client.api.containers(
+            all=True, filters={"label": f"tr.owner={owner_id()}"})]
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def engine(docker_problem):  # noqa: F811
+    if docker_problem:
+        pytest.skip(f"NO DOCKER ENGINE ANSWERS -- docker endpoints untested: {docker_problem}")
+    if not answers(SOCKET):
+        pytest.skip(f"NO DOCKER ENGINE AT {SOCKET} -- docker endpoints untested")
+
+
+@pytest.fixture
+def proxy(engine):
+    p = SocketProxy()
+    yield p
+    p.stop()
+
+
+# ----------------------------------------------------------------------------------------------
+# Names.
+
+def test_urls_contexts_and_bad_names(tmp_path, monkeypatch):
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "cfg"))
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    assert resolve_endpoint(SOCKET).url == SOCKET
+    assert resolve_endpoint(" tcp://127.0.0.1:2375 ").url == "tcp://127.0.0.1:2375"
+    assert resolve_endpoint("default").url == SOCKET
+    monkeypatch.setenv("DOCKER_HOST", "tcp://10.1.2.3:2375")
+    assert resolve_endpoint("default").url == "tcp://10.1.2.3:2375"
+    # A context as the docker CLI writes it (the CLI itself when installed).
+    port = _free_port()
+    if shutil.which("docker"):
+        subprocess.run(["docker", "context", "create", "tr-remote", "--docker",
+                        f"host=tcp://127.0.0.1:{port}"], check=True, capture_output=True,
+                       env={**os.environ, "DOCKER_CONFIG": str(tmp_path / "cfg")})
+    else:
+        import hashlib
+        meta = tmp_path / "cfg/contexts/meta" / hashlib.sha256(b"tr-remote").hexdigest()
+        meta.mkdir(parents=True)
+        (meta / "meta.json").write_text(json.dumps(
+            {"Name": "tr-remote", "Endpoints": {"docker": {"Host": f"tcp://127.0.0.1:{port}"}}}))
+    ep = resolve_endpoint("tr-remote")
+    assert (ep.name, ep.url, ep.tls_dir) == ("tr-remote", f"tcp://127.0.0.1:{port}", None)
+    with pytest.raises(ValueError, match=r"'no-such-context'.*does not exist"):
+        resolve_endpoint("no-such-context")
+    for bad in ("", "  ", None, 3):
+        with pytest.raises(ValueError, match="URL or a context name"):
+            resolve_endpoint(bad)
+    with pytest.raises(ValueError, match="listed twice"):
+        EndpointPool([SOCKET, SOCKET])
+    with pytest.raises(ValueError, match="non-empty list"):
+        EndpointPool([])
+    with pytest.raises(ValueError, match="non-empty list"):
+        EndpointPool(SOCKET)
+    with pytest.raises(ValueError, match="docker_endpoint"):
+        SandboxConfig(docker_endpoint="")
+    with pytest.raises(ValueError, match="needs backend 'docker'"):
+        TaskEnv("local", None, [SOCKET])
+    # Nothing answers on that port: a clear error naming the endpoint, not a traceback.
+    with pytest.raises(SandboxError, match=r"'tr-remote' \(tcp://127.0.0.1:\d+\) does not answer"):
+        endpoint_client("tr-remote", timeout=5)
+
+
+def test_a_sandbox_through_a_context_on_the_tcp_endpoint(proxy, tmp_path, monkeypatch):
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "cfg"))
+    import hashlib
+    meta = tmp_path / "cfg/contexts/meta" / hashlib.sha256(b"tr-proxy").hexdigest()
+    meta.mkdir(parents=True)
+    (meta / "meta.json").write_text(json.dumps(
+        {"Name": "tr-proxy", "Endpoints": {"docker": {"Host": proxy.url}}}))
+    with make_sandbox("docker", SandboxConfig(docker_endpoint="tr-proxy", **SMALL)) as box:
+        assert box.run("echo through-$((6*7))").output == "through-42\n"
+        snap = box.snapshot()
+        assert snap.endpoint == "tr-proxy"
+    assert _our_containers() == []
+
+
+# ----------------------------------------------------------------------------------------------
+# Placement.
+
+def test_fewest_live_sandboxes_first_ties_round_robin_dead_skipped(proxy):
+    dead = f"tcp://127.0.0.1:{_free_port()}"
+    pool = EndpointPool([SOCKET, dead, proxy.url], cooldown_s=60)
+    got = [pool.acquire().name for _ in range(4)]
+    assert got == [SOCKET, proxy.url, SOCKET, proxy.url]       # the dead one was pinged, skipped
+    status = {s["name"]: s for s in pool.status()}
+    assert not status[dead]["up"] and "no answer" in status[dead]["down_reason"]
+    assert (status[SOCKET]["live"], status[proxy.url]["live"]) == (2, 2)
+    pool.release(SOCKET)
+    pool.release(SOCKET)
+    assert [pool.acquire().name for _ in range(3)] == [SOCKET, SOCKET, proxy.url]
+    assert pool.acquire(exclude=[SOCKET]).name == proxy.url
+    proxy.stop()
+    assert not pool.check(proxy.url)
+    assert [pool.acquire().name for _ in range(2)] == [SOCKET, SOCKET]
+    with pytest.raises(SandboxError, match="no healthy docker endpoint"):
+        pool.acquire(exclude=[SOCKET])
+    # Back after the cool-down: a pinged endpoint that answers is placed on again.
+    proxy.start()
+    pool.cooldown_s = 0.0
+    pool.mark_down(proxy.url, "test")
+    assert pool.acquire().name == proxy.url
+    pool.ensure_image(proxy.url, None)                           # nothing to do
+    with pytest.raises(SandboxError, match="on no healthy docker endpoint"):
+        pool.ensure_image(proxy.url, "tr-no-such-image:0")
+
+
+# ----------------------------------------------------------------------------------------------
+# The rollout engine over two endpoints, one of which goes away mid-episode.
+
+class GatedEnv(TaskEnv):
+    """The real TaskEnv; every episode waits after its sandbox is up and the task laid down until
+    the test lets it go (so the endpoint can go away mid-episode, deterministically)."""
+
+    def __init__(self, *a, episodes: int, **kw):
+        super().__init__(*a, **kw)
+        self.opened = threading.Barrier(episodes + 1, timeout=120)
+        self.go = threading.Event()
+
+    def open(self, spec: EpisodeSpec):
+        sandbox = super().open(spec)
+        if not self.go.is_set():
+            self.opened.wait()
+            self.go.wait(120)
+        return sandbox
+
+
+def test_rollouts_spread_over_two_engines_and_survive_one_going_away(proxy):
+    from tr.agent.policies import ScriptedPolicy
+    from tr.envs.tasks import load_suite
+    from tr.models.tokenizer import ByteTokenizer
+
+    task = next(t for t in load_suite() if t.id == "data-csv-to-json")   # python3 only
+    layout = ChatLayout(ByteTokenizer())
+    endpoints = [SOCKET, proxy.url]
+    env = GatedEnv("docker", SandboxConfig(**SMALL), endpoints, endpoint_cooldown_s=1.0,
+                   episodes=4)
+    cfg = RolloutConfig(backend="docker", concurrency=4, progress=False,
+                        docker_endpoints=tuple(endpoints))
+    result = {}
+    runner = threading.Thread(target=lambda: result.update(out=run_rollouts(
+        group_specs([task], 4), ScriptedPolicy([task]), layout, cfg, env=env)))
+    runner.start()
+    try:
+        env.opened.wait()                       # 4 sandboxes up, tasks laid down, no turn yet
+        live = {s["name"]: s["live"] for s in env.pool.status()}
+        assert live == {SOCKET: 2, proxy.url: 2}
+        assert len(_our_containers()) == 4
+        proxy.stop()                            # the TCP endpoint goes away mid-episode
+    finally:
+        env.go.set()
+        runner.join(120)
+    out = result["out"]
+    by_endpoint: dict[str, list] = {SOCKET: [], proxy.url: []}
+    for rec in out.records:
+        by_endpoint[env.placements[rec.episode_id]].append(rec)
+    assert [len(v) for v in by_endpoint.values()] == [2, 2]
+    for rec in by_endpoint[proxy.url]:          # the harness's failure: not counted, not trained
+        assert rec.status is EpisodeStatus.INFRA_FAILURE and not rec.status.counts, rec.error
+        assert rec.passed is None and "sandbox.run failed" in rec.error, rec.error
+        assert "127.0.0.1" in rec.error and str(proxy.port) in rec.error, rec.error
+    for rec in by_endpoint[SOCKET]:
+        assert rec.status is EpisodeStatus.VERIFIED_PASS, rec.error
+    from tr.agent.evaluation import summarise
+    summary = summarise(out.records, [task], 4)
+    assert summary["infra_failures"] == 2 and summary["tasks"][task.id]["valid"] == 2
+    status = {s["name"]: s for s in env.pool.status()}
+    assert not status[proxy.url]["up"] and status[proxy.url]["leftovers"] == 2
+    assert status[SOCKET]["live"] == status[proxy.url]["live"] == 0
+    # The containers of the episodes on the TCP endpoint are still on the engine: nobody could
+    # remove them while it was away.
+    assert len(_our_containers()) == 2
+
+    # New episodes go to the surviving endpoint.
+    again = run_rollouts(group_specs([task], 2, seed=1), ScriptedPolicy([task]), layout, cfg,
+                         env=env)
+    assert [r.status for r in again.records] == [EpisodeStatus.VERIFIED_PASS] * 2
+    assert {env.placements[r.episode_id] for r in again.records} == {SOCKET}
+
+    # The endpoint comes back: after the cool-down it is placed on again, and what it kept while
+    # it was away is removed.
+    proxy.start()
+    time.sleep(1.0)
+    back = [env.pool.acquire(), env.pool.acquire()]
+    for ep in back:
+        env.pool.release(ep)
+    assert {ep.name for ep in back} == {SOCKET, proxy.url}
+    assert {s["name"]: s["up"] for s in env.pool.status()} == {SOCKET: True, proxy.url: True}
+    assert _our_containers() == []
+    env.shutdown()
+    assert not env.open_sandboxes
