@@ -176,6 +176,25 @@ def test_urls_contexts_and_bad_names(tmp_path, monkeypatch):
     # Nothing answers on that port: a clear error naming the endpoint, not a traceback.
     with pytest.raises(SandboxError, match=r"'tr-remote' \(tcp://127.0.0.1:\d+\) does not answer"):
         endpoint_client("tr-remote", timeout=5)
+    # The experiment knob: checked before anything runs.
+    import importlib.util
+    path = os.path.join(os.path.dirname(__file__), "..", "experiments", "evaluate.py")
+    spec = importlib.util.spec_from_file_location("experiment_evaluate", path)
+    experiment = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(experiment)
+    from tr.stages.evaluate import docker_endpoints
+    from tr.stages.registry import ConfigError
+    config = experiment.get_config("docker").eval
+    assert docker_endpoints(config) == ()
+    config.docker_endpoints = (SOCKET, "tr-remote")
+    assert docker_endpoints(config) == (SOCKET, "tr-remote")
+    config.docker_endpoints = (SOCKET, "no-such-context")
+    with pytest.raises(ConfigError, match=r"config.eval.docker_endpoints: .*'no-such-context'"):
+        docker_endpoints(config)
+    config = experiment.get_config("quick").eval
+    config.docker_endpoints = (SOCKET,)
+    with pytest.raises(ConfigError, match="needs config.eval.backend = 'docker'"):
+        docker_endpoints(config)
 
 
 def test_a_sandbox_through_a_context_on_the_tcp_endpoint(proxy, tmp_path, monkeypatch):
@@ -220,6 +239,95 @@ def test_fewest_live_sandboxes_first_ties_round_robin_dead_skipped(proxy):
     pool.ensure_image(proxy.url, None)                           # nothing to do
     with pytest.raises(SandboxError, match="on no healthy docker endpoint"):
         pool.ensure_image(proxy.url, "tr-no-such-image:0")
+
+
+# ----------------------------------------------------------------------------------------------
+# Images: a second, separate engine of this machine (its own dockerd and image store).
+
+@pytest.fixture
+def second_engine(engine):
+    """A second Docker daemon (own data root, containerd, socket; no network), stopped after."""
+    import signal
+    import tempfile
+    dockerd = shutil.which("dockerd")
+    if dockerd is None or os.geteuid() != 0:
+        pytest.skip("NO dockerd / NOT ROOT -- copying images between engines untested")
+    root = tempfile.mkdtemp(prefix="tr-d2-", dir="/tmp")
+    url = f"unix://{root}/d.sock"
+    with open(os.path.join(root, "config.json"), "w") as f:
+        f.write("{}")
+    with open(os.path.join(root, "log"), "wb") as log:
+        proc = subprocess.Popen(
+            [dockerd, "--config-file", f"{root}/config.json", "--data-root", f"{root}/data",
+             "--exec-root", f"{root}/x", "--host", url, "--pidfile", f"{root}/d.pid",
+             "--bridge", "none", "--iptables=false", "--ip-masq=false"],
+            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while not answers(url, timeout=2):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                with open(os.path.join(root, "log")) as f:
+                    tail = f.read()[-600:]
+                pytest.skip(f"A SECOND dockerd DID NOT START -- copying images between engines "
+                            f"untested: {tail}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_images_are_copied_to_an_engine_that_lacks_them(second_engine):
+    import io
+    import secrets
+    import tarfile
+
+    import docker
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        data = b"tr endpoint test\n"
+        info = tarfile.TarInfo("hello.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    tag = f"tr-endpoint-test:{secrets.token_hex(4)}"
+    one = docker.DockerClient(base_url=SOCKET)
+    two = docker.DockerClient(base_url=second_engine)
+    try:
+        one.api.import_image_from_data(buf.getvalue(), repository=tag.split(":")[0],
+                                       tag=tag.split(":")[1])
+        image_id = one.images.get(tag).id
+        with pytest.raises(docker.errors.ImageNotFound):
+            two.images.get(tag)
+        pool = EndpointPool([SOCKET, second_engine])
+        pool.ensure_image(second_engine, tag)                  # by tag (a task image)
+        assert two.images.get(tag).id == image_id
+        two.images.remove(tag, force=True)
+        pool.ensure_image(second_engine, image_id)             # by id (a snapshot image)
+        assert two.images.get(image_id).id == image_id
+        one.images.remove(tag, force=True)
+        with pytest.raises(docker.errors.ImageNotFound):
+            one.images.get(image_id)
+        pool.ensure_image(second_engine, image_id)             # present: nothing to copy
+        pool.ensure_image(SOCKET, image_id)                    # and back the other way
+        assert one.images.get(image_id).id == image_id
+        for client in (one, two):
+            client.images.remove(image_id, force=True)
+        with pytest.raises(SandboxError, match="on no healthy docker endpoint"):
+            pool.ensure_image(SOCKET, image_id)
+    finally:
+        for client in (one, two):
+            for ref in (tag, locals().get("image_id")):
+                try:
+                    if ref:
+                        client.images.remove(ref, force=True)
+                except docker.errors.APIError:
+                    pass
+            client.close()
 
 
 # ----------------------------------------------------------------------------------------------

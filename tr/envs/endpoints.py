@@ -36,6 +36,7 @@ from pathlib import Path
 from tr.envs.sandbox import SandboxError
 
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
+NOT_ASKED = "not asked yet"
 URL_SCHEMES = ("unix://", "tcp://", "http://", "https://", "ssh://", "npipe://")
 
 
@@ -128,12 +129,17 @@ class _State:
     live: int = 0
     placed: int = 0                # sandboxes ever placed here
     down_until: float = 0.0        # monotonic time before which it is not asked again
-    down_reason: str = "not asked yet"    # "": up; every endpoint is pinged before its first use
+    down_reason: str = NOT_ASKED    # "": up; every endpoint is pinged before its first use
     leftovers: list = dataclasses.field(default_factory=list)   # [(kind, id)] to remove
 
     @property
     def up(self) -> bool:
         return not self.down_reason
+
+    @property
+    def failed(self) -> bool:
+        """Seen not answering (not merely not asked yet)."""
+        return bool(self.down_reason) and self.down_reason != NOT_ASKED
 
 
 class EndpointPool:
@@ -276,7 +282,7 @@ class EndpointPool:
                 pass
             target = resolve_endpoint(endpoint).name
             for s in list(self._states):
-                if s.endpoint.name == target or not s.up:
+                if s.endpoint.name == target or s.failed:
                     continue
                 try:
                     src = endpoint_client(s.endpoint)
