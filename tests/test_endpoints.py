@@ -26,79 +26,11 @@ from tr.envs.endpoints import EndpointPool, answers, endpoint_client, resolve_en
 from tr.envs.sandbox import SandboxConfig, SandboxError, make_sandbox
 from tr.envs.workspace import owner_id
 
+from docker_engines import EngineUnavailable, SocketProxy, second_dockerd
 from test_sandbox import docker_problem  # noqa: F401
 
 SOCKET = "unix:///var/run/docker.sock"
 SMALL = dict(memory_mb=512, pids=128, disk_mb=64, file_size_mb=256, cpu_time_s=120)
-
-
-class SocketProxy:
-    """A TCP listener on 127.0.0.1 forwarding every connection to a unix socket (two pump threads
-    per connection).  ``stop`` closes the listener and every forwarded connection."""
-
-    def __init__(self, target: str = "/var/run/docker.sock", port: int = 0):
-        self.target, self.port = target, port
-        self.conns: list[socket.socket] = []
-        self.lock = threading.Lock()
-        self.listener: socket.socket | None = None
-        self.start()
-
-    @property
-    def url(self) -> str:
-        return f"tcp://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        ls.bind(("127.0.0.1", self.port))
-        ls.listen(64)
-        self.port = ls.getsockname()[1]
-        self.listener = ls
-        threading.Thread(target=self._accept, args=(ls,), daemon=True).start()
-
-    def _accept(self, ls: socket.socket) -> None:
-        while True:
-            try:
-                conn, _ = ls.accept()
-            except OSError:
-                return
-            up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                up.connect(self.target)
-            except OSError:
-                conn.close()
-                continue
-            with self.lock:
-                self.conns += [conn, up]
-            for a, b in ((conn, up), (up, conn)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(a: socket.socket, b: socket.socket) -> None:
-        try:
-            while data := a.recv(1 << 16):
-                b.sendall(data)
-        except OSError:
-            pass
-        try:
-            b.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-
-    def stop(self) -> None:
-        try:
-            self.listener.shutdown(socket.SHUT_RDWR)   # wakes the thread blocked in accept()
-        except OSError:
-            pass
-        self.listener.close()
-        with self.lock:
-            conns, self.conns = self.conns, []
-        for s in conns:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
 
 
 def _free_port() -> int:
@@ -236,7 +168,7 @@ def test_fewest_live_sandboxes_first_ties_round_robin_dead_skipped(proxy):
     pool.cooldown_s = 0.0
     pool.mark_down(proxy.url, "test")
     assert pool.acquire().name == proxy.url
-    pool.ensure_image(proxy.url, None)                           # nothing to do
+    assert pool.ensure_image(proxy.url, None)                    # the base image: there
     with pytest.raises(SandboxError, match="on no healthy docker endpoint"):
         pool.ensure_image(proxy.url, "tr-no-such-image:0")
 
@@ -247,39 +179,11 @@ def test_fewest_live_sandboxes_first_ties_round_robin_dead_skipped(proxy):
 @pytest.fixture
 def second_engine(engine):
     """A second Docker daemon (own data root, containerd, socket; no network), stopped after."""
-    import signal
-    import tempfile
-    dockerd = shutil.which("dockerd")
-    if dockerd is None or os.geteuid() != 0:
-        pytest.skip("NO dockerd / NOT ROOT -- copying images between engines untested")
-    root = tempfile.mkdtemp(prefix="tr-d2-", dir="/tmp")
-    url = f"unix://{root}/d.sock"
-    with open(os.path.join(root, "config.json"), "w") as f:
-        f.write("{}")
-    with open(os.path.join(root, "log"), "wb") as log:
-        proc = subprocess.Popen(
-            [dockerd, "--config-file", f"{root}/config.json", "--data-root", f"{root}/data",
-             "--exec-root", f"{root}/x", "--host", url, "--pidfile", f"{root}/d.pid",
-             "--bridge", "none", "--iptables=false", "--ip-masq=false"],
-            stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 30
-        while not answers(url, timeout=2):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                with open(os.path.join(root, "log")) as f:
-                    tail = f.read()[-600:]
-                pytest.skip(f"A SECOND dockerd DID NOT START -- copying images between engines "
-                            f"untested: {tail}")
-            time.sleep(0.2)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(root, ignore_errors=True)
+        with second_dockerd() as url:
+            yield url
+    except EngineUnavailable as e:
+        pytest.skip(f"NO SECOND DOCKER ENGINE -- copying images between engines untested: {e}")
 
 
 def test_images_are_copied_to_an_engine_that_lacks_them(second_engine):
@@ -319,6 +223,7 @@ def test_images_are_copied_to_an_engine_that_lacks_them(second_engine):
             client.images.remove(image_id, force=True)
         with pytest.raises(SandboxError, match="on no healthy docker endpoint"):
             pool.ensure_image(SOCKET, image_id)
+        assert not pool.ensure_image(SOCKET, image_id, required=False)
     finally:
         for client in (one, two):
             for ref in (tag, locals().get("image_id")):

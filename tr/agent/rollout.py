@@ -78,8 +78,9 @@ class TaskEnv:
                 self.open_sandboxes.add(id(sandbox))
                 self._endpoint_of[id(sandbox)] = endpoint
             try:
-                self.pool.ensure_image(endpoint, config.image)
-                self.pool.ensure_image(endpoint, image)
+                self.pool.ensure_image(endpoint, config.image)   # None: the base image
+                if image:
+                    self.pool.ensure_image(endpoint, image)
                 return sandbox.start()
             except Exception:
                 self.close(sandbox)

@@ -123,6 +123,13 @@ def answers(spec: "str | Endpoint", timeout: float = 5.0) -> bool:
         return False
 
 
+@functools.cache
+def base_image_tag() -> str:
+    """The tag of the base image this host's packages make (``tr.envs.images``), computed once."""
+    from tr.envs.images.base import base_image_tag as tag
+    return tag()
+
+
 @dataclasses.dataclass
 class _State:
     endpoint: Endpoint
@@ -265,19 +272,19 @@ class EndpointPool:
             s.leftovers.extend(failed)
 
     # --- images --------------------------------------------------------------------------------
-    def ensure_image(self, endpoint, image: str | None) -> None:
+    def ensure_image(self, endpoint, image: str | None, *, required: bool = True) -> bool:
         """Make ``image`` present on ``endpoint``: nothing if it is there; else copied from
-        another healthy endpoint that has it (``docker save`` streamed into ``docker load``).
-        ``None`` (the base image) is built on the endpoint by the sandbox itself.  SandboxError
-        when no endpoint has it."""
+        another endpoint that has it (``docker save`` streamed into ``docker load``).  When no
+        endpoint has it: SandboxError if ``required``, else False.  ``None``: the base image,
+        copied if another endpoint has it (else the sandbox builds it there from host packages)."""
         if not image:
-            return
+            image, required = base_image_tag(), False
         import docker
         dst = endpoint_client(endpoint)
         try:
             try:
                 dst.images.get(image)
-                return
+                return True
             except docker.errors.ImageNotFound:
                 pass
             target = resolve_endpoint(endpoint).name
@@ -295,9 +302,11 @@ class EndpointPool:
                         continue
                     dst.api.load_image(src.api.get_image(image, chunk_size=1 << 20))
                     dst.images.get(image)
-                    return
+                    return True
                 finally:
                     src.close()
+            if not required:
+                return False
             raise SandboxError(f"image {image!r} is on no healthy docker endpoint "
                                f"(needed on {target!r})")
         finally:
