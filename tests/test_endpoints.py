@@ -27,7 +27,6 @@ from tr.envs.sandbox import SandboxConfig, SandboxError, make_sandbox
 from tr.envs.workspace import owner_id
 
 from docker_engines import EngineUnavailable, SocketProxy, second_dockerd
-from test_sandbox import docker_problem  # noqa: F401
 
 SOCKET = "unix:///var/run/docker.sock"
 SMALL = dict(memory_mb=512, pids=128, disk_mb=64, file_size_mb=256, cpu_time_s=120)
@@ -50,12 +49,16 @@ def _our_containers() -> list[str]:
         client.close()
 
 
-@pytest.fixture
-def engine(docker_problem):  # noqa: F811
-    if docker_problem:
-        pytest.skip(f"NO DOCKER ENGINE ANSWERS -- docker endpoints untested: {docker_problem}")
+@pytest.fixture(scope="module")
+def engine():
+    """The engine at its socket answers and has the base image (built if needed)."""
     if not answers(SOCKET):
         pytest.skip(f"NO DOCKER ENGINE AT {SOCKET} -- docker endpoints untested")
+    from tr.envs.images import ensure_base_image
+    try:
+        ensure_base_image()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"NO BASE IMAGE -- docker endpoints untested: {type(e).__name__}: {e}")
 
 
 @pytest.fixture
