@@ -66,6 +66,11 @@ def proxy(engine):
     p = SocketProxy()
     yield p
     p.stop()
+    import docker
+    client = docker.DockerClient(base_url=SOCKET)    # a failed test leaks nothing either
+    for cid in _our_containers():
+        client.api.remove_container(cid, force=True)
+    client.close()
 
 
 # ----------------------------------------------------------------------------------------------

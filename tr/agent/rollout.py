@@ -82,10 +82,10 @@ class TaskEnv:
                 if image:
                     self.pool.ensure_image(endpoint, image)
                 return sandbox.start()
-            except Exception:
+            except BaseException as e:
                 self.close(sandbox)
-                if self.pool.check(endpoint):      # it answers: the failure is not the engine's
-                    raise
+                if not isinstance(e, Exception) or self.pool.check(endpoint):
+                    raise                           # it answers: the failure is not the engine's
                 tried.append(endpoint)
                 if len(tried) == len(self.pool.endpoints):
                     raise
