@@ -181,6 +181,17 @@ def test_fewest_live_sandboxes_first_ties_round_robin_dead_skipped(proxy):
         pool.ensure_image(proxy.url, "tr-no-such-image:0")
 
 
+def test_concurrent_first_placements_wait_for_the_pings(proxy):
+    """Episodes start together: while one caller pings the not-yet-asked endpoints the others
+    wait for its answers instead of finding no healthy endpoint."""
+    from concurrent.futures import ThreadPoolExecutor
+    dead = f"tcp://127.0.0.1:{_free_port()}"
+    pool = EndpointPool([dead, SOCKET, proxy.url], cooldown_s=60)
+    with ThreadPoolExecutor(8) as ex:
+        got = list(ex.map(lambda _: pool.acquire().name, range(8)))
+    assert sorted(got) == sorted([SOCKET] * 4 + [proxy.url] * 4)
+
+
 # ----------------------------------------------------------------------------------------------
 # Images: a second, separate engine of this machine (its own dockerd and image store).
 

@@ -138,6 +138,7 @@ class _State:
     down_until: float = 0.0        # monotonic time before which it is not asked again
     down_reason: str = NOT_ASKED    # "": up; every endpoint is pinged before its first use
     leftovers: list = dataclasses.field(default_factory=list)   # [(kind, id)] to remove
+    probing: bool = False          # a caller of acquire is pinging it now
 
     @property
     def up(self) -> bool:
@@ -167,6 +168,7 @@ class EndpointPool:
         self.cooldown_s, self.probe_timeout_s = cooldown_s, probe_timeout_s
         self._states = [_State(e) for e in resolved]
         self._lock = threading.Lock()
+        self._probed = threading.Condition(self._lock)
         self._next = 0                 # round-robin start among ties
 
     @property
@@ -186,26 +188,41 @@ class EndpointPool:
         more live sandbox until :meth:`release`.  Endpoints down past their cool-down are pinged
         first and come back if they answer.  SandboxError when none is healthy."""
         skip = {resolve_endpoint(e).name for e in exclude}
-        now = time.monotonic()
-        with self._lock:
-            due = [s for s in self._states
-                   if not s.up and s.down_until <= now and s.endpoint.name not in skip]
-        for s in due:                              # outside the lock: a ping can take a while
-            self._probe(s)
-        with self._lock:
-            healthy = [i for i, s in enumerate(self._states)
-                       if s.up and s.endpoint.name not in skip]
-            if not healthy:
+        while True:
+            now = time.monotonic()
+            with self._lock:                       # one caller pings a due endpoint at a time
+                due = [s for s in self._states if not s.up and not s.probing
+                       and s.down_until <= now and s.endpoint.name not in skip]
+                for s in due:
+                    s.probing = True
+            for s in due:                          # outside the lock: a ping can take a while
+                try:
+                    self._probe(s)
+                finally:
+                    with self._lock:
+                        s.probing = False
+                        self._probed.notify_all()
+            with self._lock:
+                healthy = [i for i, s in enumerate(self._states)
+                           if s.up and s.endpoint.name not in skip]
+                asking = [s for s in self._states if s.probing and s.endpoint.name not in skip]
+                # Before any endpoint's first answer is in, nobody places (the load would not
+                # balance); later pings of endpoints that went away hold nobody up.
+                if healthy and not any(s.down_reason == NOT_ASKED for s in asking):
+                    n = len(self._states)
+                    order = sorted(healthy,
+                                   key=lambda i: (self._states[i].live, (i - self._next) % n))
+                    chosen = self._states[order[0]]
+                    self._next = (order[0] + 1) % n
+                    chosen.live += 1
+                    chosen.placed += 1
+                    return chosen.endpoint
+                if asking:
+                    self._probed.wait(self.probe_timeout_s + 1)   # another caller's ping
+                    continue
                 why = "; ".join(f"{s.endpoint.name}: {s.down_reason or 'excluded'}"
                                 for s in self._states)
                 raise SandboxError(f"no healthy docker endpoint ({why})")
-            n = len(self._states)
-            order = sorted(healthy, key=lambda i: (self._states[i].live, (i - self._next) % n))
-            chosen = self._states[order[0]]
-            self._next = (order[0] + 1) % n
-            chosen.live += 1
-            chosen.placed += 1
-            return chosen.endpoint
 
     def release(self, endpoint, leftovers: Sequence = ()) -> None:
         """One live sandbox of ``endpoint`` is gone.  ``leftovers``: ``(kind, id)`` of containers
