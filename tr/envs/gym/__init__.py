@@ -28,7 +28,7 @@ from typing import Iterable, Mapping, Sequence
 from tr.envs.gym.families import FAMILY_LIST, Family, Instance
 from tr.envs.tasks.model import Task
 
-GYM_VERSION = 1
+GYM_VERSION = 2
 FAMILIES: Mapping[str, Family] = {f.name: f for f in FAMILY_LIST}
 HELDOUT_FAMILY = "uid-lookup"
 SPLITS = ("train", "val", "test")
@@ -84,7 +84,7 @@ def _toml(family: Family, seed: int) -> str:
     return (f'version = "1.0"\n\n[metadata]\nfamily = "{family.name}"\ntier = "{family.tier}"\n'
             f'tags = ["gym", "seed-{seed}"]\nauthor = "tr gym v{GYM_VERSION}"\n\n'
             f"[agent]\ntimeout_sec = {AGENT_TIMEOUT_S}\nmax_turns = {MAX_TURNS}\n\n"
-            f'[verifier]\ntimeout_sec = {VERIFIER_TIMEOUT_S}\nfinal_gate = "test_final_gate"\n')
+            f'[verifier]\ntimeout_sec = {VERIFIER_TIMEOUT_S}\nfinal_gate = "test_final_gate"\nrunner = "stdlib"\n')
 
 
 def _turns(commands: Sequence[str]) -> str:
