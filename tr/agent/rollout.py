@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, TextIO
 
-from tr.agent.harness import RECOVERY_PROMPT, Budgets, EpisodeSpec, run_episode
+from tr.agent.harness import RECOVERY_PROMPT, SYSTEM_PROMPT, Budgets, EpisodeSpec, run_episode
 from tr.agent.policies import Policy, RequestBatcher
 from tr.agent.records import EpisodeRecord, EpisodeStatus
 from tr.agent.transcript import ChatLayout
@@ -201,6 +201,7 @@ class RolloutConfig:
     max_batch: int = 64
     batch_window_s: float = 0.02
     progress: bool | None = None  # None: only when stderr is a terminal
+    system_prompt: str = SYSTEM_PROMPT  # the episode's system message (the action format)
 
 
 @dataclasses.dataclass
@@ -250,7 +251,8 @@ def run_rollouts(
         try:
             return run_episode(spec, batcher.generate, env, layout, config.budgets,
                                snapshot_before_verify=config.snapshot_before_verify,
-                               cancel=cancel, policy_name=policy.name)
+                               cancel=cancel, policy_name=policy.name,
+                               system_prompt=config.system_prompt)
         finally:
             batcher.unregister()
 
