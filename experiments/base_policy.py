@@ -36,24 +36,24 @@ def get_config(variant: str = "default"):
     config.stage = "base"
     config.model = "gym"                                  # tr/stages/embedded.py
     config.tokenizer = "tr/stages/gym_tokenizer.json"     # or "byte"
-    config.concurrency = 8                                # sandboxes at once = sampler batch
+    config.concurrency = 16                               # sandboxes at once = sampler batch
     config.demos = ml_collections.ConfigDict()
     config.demos.tasks = 448                              # train instances, one demo each
     config.demos.p_mistake = 0.3                          # mistake first, then repair
     config.demos.p_truncate = 0.2                         # reference cut short, then DONE
     config.sft = ml_collections.ConfigDict()
-    config.sft.steps = 240
-    config.sft.batch = 16
-    config.sft.length = 384                               # row length (tokens); longer demos dropped
+    config.sft.steps = 120
+    config.sft.batch = 8                                  # packed rows per update (~3 demos a row)
+    config.sft.length = 512                               # row length (tokens); longer demos dropped
     config.sft.learning_rate = 3e-3
     config.sft.warmup = 20
-    config.sft.eval_every = 40
+    config.sft.eval_every = 30
     config.eval = ml_collections.ConfigDict()
     config.eval.val_count = 32
     config.eval.test_count = 64
     config.eval.temperature = 0.6                         # the papers' evaluation sampling
     config.eval.top_p = 0.95
-    config.eval.max_turns = 6
+    config.eval.max_turns = 5                             # reference <= 3 commands + DONE
     config.eval.max_output_tokens = 64
     config.eval.prompt_bucket = 256                       # the sampler's smallest prompt bucket
     config.select = ml_collections.ConfigDict()

@@ -106,17 +106,40 @@ def make_demos(config, tokenizer, layout):
     return seqs, stats
 
 
-def batches(seqs, *, batch: int, length: int, pad_id: int, seed: int):
-    """Endless shuffled [batch, length] SFT batches (tokens, loss_mask), epoch by epoch."""
-    from tr.agent.records import pad_sequences
+def pack_rows(lengths, order, length: int) -> list[list[int]]:
+    """Greedy packing: sequences in `order`, a new row whenever the next one does not fit."""
+    rows, row, used = [], [], 0
+    for i in order:
+        if used + lengths[i] > length and row:
+            rows.append(row)
+            row, used = [], 0
+        row.append(int(i))
+        used += lengths[i]
+    if row:
+        rows.append(row)
+    return rows
 
+
+def batches(seqs, *, batch: int, length: int, pad_id: int, seed: int):
+    """Endless shuffled SFT batches of packed rows: tokens, loss_mask, segment_ids [batch, length]
+    (segments 1, 2, ... per sequence, 0 on padding; attention stays inside a segment)."""
     rng = np.random.default_rng(seed)
+    lengths = [len(s["tokens"]) for s in seqs]
     while True:
-        order = rng.permutation(len(seqs))
-        for start in range(0, len(order) - batch + 1, batch):
-            rows = pad_sequences([seqs[i] for i in order[start:start + batch]], length,
-                                 pad_id=pad_id)
-            yield {"tokens": rows["tokens"], "loss_mask": rows["loss_mask"]}
+        rows = pack_rows(lengths, rng.permutation(len(seqs)), length)
+        for start in range(0, len(rows) - batch + 1, batch):
+            out = {"tokens": np.full((batch, length), pad_id, np.int32),
+                   "loss_mask": np.zeros((batch, length), bool),
+                   "segment_ids": np.zeros((batch, length), np.int32)}
+            for r, row in enumerate(rows[start:start + batch]):
+                at = 0
+                for segment, i in enumerate(row, start=1):
+                    n = lengths[i]
+                    out["tokens"][r, at:at + n] = seqs[i]["tokens"]
+                    out["loss_mask"][r, at:at + n] = seqs[i]["loss_mask"]
+                    out["segment_ids"][r, at:at + n] = segment
+                    at += n
+            yield out
 
 
 class Evaluator:

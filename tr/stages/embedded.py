@@ -12,7 +12,7 @@ manifest (`from_manifest`).
   (`python -m tr.stages.embedded measure` prints the numbers), so prompts fit the sampler's
   smallest buckets and each action is a few dozen sampled tokens.
   `python -m tr.stages.embedded tokenizer` rebuilds the file (deterministic).
-* system prompt: the harness's one action format, stated in four lines.
+* system prompt: the harness's one action format, in one sentence.
 """
 
 from __future__ import annotations
@@ -26,15 +26,8 @@ MODEL = "gym"
 TOKENIZER_FILE = Path(__file__).resolve().parent / "gym_tokenizer.json"
 TOKENIZER = "tr/stages/gym_tokenizer.json"          # as recorded in manifests (repo-relative)
 TOKENIZER_VOCAB = 1024
-SYSTEM_PROMPT = """Work in the bash shell, cwd /app. Reply exactly as
-THOUGHT: <short>
-COMMAND:
-```bash
-<one command>
-```
-or, when the task is complete:
-THOUGHT: <short>
-DONE"""
+SYSTEM_PROMPT = ("Shell agent in /app. Reply THOUGHT: <short> then COMMAND: and one ```bash "
+                 "block, or THOUGHT: <short> then DONE when finished.")
 ACT_THOUGHT = "Next step."
 DONE_THOUGHT = "The task is complete."
 
@@ -86,7 +79,8 @@ def gym_corpus(n_per_family: int = 200) -> list[str]:
     texts = [SYSTEM_PROMPT, format_action(DONE_THOUGHT, None)]
     for family, seed in gym.split_seeds("train", n_per_family * (len(gym.FAMILIES) - 1)):
         inst = gym.instance(family, seed)
-        texts.append(inst.instruction)
+        texts += [SYSTEM_PROMPT, inst.instruction, format_action(DONE_THOUGHT, None),
+                  "system\nuser\nassistant\n"]
         for command in {*inst.solution, *inst.partial, *inst.mistakes, *inst.repair}:
             texts.append(format_action(ACT_THOUGHT, command))
         listing = "\n".join(sorted(inst.files))
