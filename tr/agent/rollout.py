@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, TextIO
 
-from tr.agent.harness import RECOVERY_PROMPT, Budgets, EpisodeSpec, run_episode
+from tr.agent.harness import RECOVERY_PROMPT, SYSTEM_PROMPT, Budgets, EpisodeSpec, run_episode
 from tr.agent.policies import Policy, RequestBatcher
 from tr.agent.records import EpisodeRecord, EpisodeStatus
 from tr.agent.transcript import ChatLayout
@@ -275,7 +275,8 @@ class RolloutConfig:
     # docker only: engines to spread sandboxes over (URLs or docker context names; see
     # tr.envs.endpoints).  Empty: every sandbox on the default engine ($DOCKER_HOST / the socket).
     docker_endpoints: tuple[str, ...] = ()
-    endpoint_cooldown_s: float = 30.0  # an endpoint that stopped answering is asked again after
+    endpoint_cooldown_s: float = 30.0  # seconds before an endpoint that stopped answering is asked again
+    system_prompt: str = SYSTEM_PROMPT  # the episode's system message (the action format)
 
 
 @dataclasses.dataclass
@@ -328,7 +329,8 @@ def run_rollouts(
         try:
             return run_episode(spec, batcher.generate, env, layout, config.budgets,
                                snapshot_before_verify=config.snapshot_before_verify,
-                               cancel=cancel, policy_name=policy.name)
+                               cancel=cancel, policy_name=policy.name,
+                               system_prompt=config.system_prompt)
         finally:
             batcher.unregister()
 

@@ -52,6 +52,7 @@ design.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -63,9 +64,10 @@ VERIFIER_HOME = "/tmp/.tr-verifier-home"
 VERIFIER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TESTS_MOUNT = "/tests"
 RESULTS_DIR = "/logs/verifier"
-FILES_VERSION = "1"
+CHECKRUN = f"{FILES_MOUNT}/checkrun.py"   # the stdlib check runner (tr/envs/checkrun.py)
 # The harness-owned files mounted at FILES_MOUNT (see the module doc).
 FILES = {
+    "checkrun.py": (Path(__file__).resolve().parent / "checkrun.py").read_text(),
     "pytest.ini": "# The protected verifier's pytest configuration (tr.envs.protected): pytest reads\n"
                   "# this file and no configuration file of the sandbox.\n[pytest]\n",
     "openssl.cnf": "# The protected verifier's OpenSSL configuration: the built-in defaults,\n"
@@ -76,6 +78,8 @@ FILES = {
     "site/usercustomize.py": "# Shadows any usercustomize module of the sandbox in the verifier's "
                              "processes.\n",
 }
+# Part of the folder name, so a changed file is never served from an older copy.
+FILES_VERSION = hashlib.sha256(repr(sorted(FILES.items())).encode()).hexdigest()[:12]
 
 
 def verifier_files(state_dir) -> Path:

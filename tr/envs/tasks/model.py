@@ -10,6 +10,7 @@ from pathlib import Path
 TIERS = ("easy", "medium", "hard", "extreme")
 LAYOUTS = ("tr", "harbor", "tb1")
 VERIFIER_KINDS = ("pytest", "reward_file")
+CHECK_RUNNERS = ("pytest", "stdlib")   # what runs a pytest-kind verifier's files
 TASK_ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
 DEFAULT_AGENT_TIMEOUT_S = 600.0
@@ -73,6 +74,7 @@ class VerifierSpec:
     final_gate: str | None = None
     required: tuple[str, ...] | None = None
     note: str = ""  # e.g. why run-tests.sh was replaced by an offline pytest run
+    runner: str = "pytest"  # pytest | stdlib (tr/envs/checkrun.py: same checks, no start-up)
 
 
 @dataclass(frozen=True)

@@ -210,6 +210,11 @@ def verifier_command(task: Task, workdir: str) -> str:
     those are the agent's to replace."""
     spec = task.verifier
     cd = f"cd {shlex.quote(workdir)} && "
+    if spec.kind == "pytest" and spec.runner == "stdlib":
+        from tr.envs.protected import CHECKRUN
+        files = " ".join(shlex.quote(f"{TESTS_MOUNT}/{rel}") for rel in spec.test_files)
+        return (f"{cd}TEST_DIR={TESTS_MOUNT} \"$TR_PYTHON\" -I -S {CHECKRUN} "
+                f"--junitxml={RESULTS_DIR}/{vr.JUNIT_FILENAME} {files}")
     if spec.kind == "pytest":
         files = " ".join(shlex.quote(f"{TESTS_MOUNT}/{rel}") for rel in spec.test_files)
         return (f"{cd}TEST_DIR={TESTS_MOUNT} PYTHONDONTWRITEBYTECODE=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "
