@@ -106,7 +106,7 @@ class Models:
     fns: Any
 
 
-def build_models(model_config, *, seed: int = 0) -> Models:
+def build_models(model_config, *, seed: int = 0, chunk_size: int = 1024) -> Models:
     """The named size with overrides (recorded in the stage manifest), a byte tokenizer."""
     from flax import nnx  # pylint: disable=g-import-not-at-top
 
@@ -123,7 +123,7 @@ def build_models(model_config, *, seed: int = 0) -> Models:
         raise ConfigError(f"config.model: {error}") from None
     actor = Decoder(config, rngs=nnx.Rngs(seed))
     critic = CriticModel(config, rngs=nnx.Rngs(seed + 1))
-    fns = nnx_model_fns(actor, critic, chunk_size=min(1024, config.max_seq_len))
+    fns = nnx_model_fns(actor, critic, chunk_size=min(chunk_size, config.max_seq_len))
     return Models(config, ByteTokenizer(vocab_size=config.vocab_size), actor, critic, fns)
 
 

@@ -58,7 +58,8 @@ def parent_ref(run_dir, stage: str) -> ckpt.StageRef:
 def open_stage(config, run_dir, *, kind: str, actor_trains: bool, critic_trains: bool,
                critic_frozen: bool = False) -> OpenStage:
     """Models, compiled steps, and the stage's state (resumed, or handed off from its parents)."""
-    models = common.build_models(config.model, seed=int(config.seed))
+    models = common.build_models(config.model, seed=int(config.seed),
+                                 chunk_size=int(config.train.logprob_chunk_size))
     train = config.train
     actor_opt = make_optimizer(train.actor.optimizer) if actor_trains else None
     critic_opt = make_optimizer(train.critic.optimizer) if critic_trains else None
