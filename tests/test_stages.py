@@ -110,6 +110,7 @@ def test_pipeline_runs_warmup_and_rpr_from_base(reference):
     assert [e["step"] for e in evals] == [0, 9] and rpr["retained_step"] in (0, 9)
     assert json.loads((run / "rpr-1" / "eval-val.json").read_text())["overall"]["tasks"] == 1
     assert len(list((run / "rpr-1" / "rollouts").glob("*.jsonl"))) == 3
+    assert len(list((run / "rpr-1" / "rollouts").glob("*.stats.json"))) == 3
 
 
 def test_sigkill_mid_rpr_then_restart_reproduces_the_uninterrupted_run(reference):

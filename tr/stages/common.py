@@ -227,11 +227,17 @@ class Actor:
 
 def cached_rollouts(path: pathlib.Path, collect) -> tuple[list[EpisodeRecord], dict]:
     """The records of `path` if a previous run wrote them, else `collect()` written there first
-    (atomically): a resumed stage trains on exactly the data it had generated."""
+    (atomically, its stats beside it in `<name>.stats.json`): a resumed stage trains on exactly
+    the data it had generated."""
+    stats_path = path.with_suffix(".stats.json")
     if path.exists():
-        return read_shard(path), {"cached": True}
+        stats = json.loads(stats_path.read_text()) if stats_path.exists() else {}
+        return read_shard(path), {**stats, "cached": True}
     records, stats = collect()
     path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = stats_path.with_name(stats_path.name + ".tmp")
+    tmp.write_text(json.dumps(stats, sort_keys=True))
+    tmp.replace(stats_path)           # the stats first: the shard marks the batch complete
     write_shard(records, path)
     return records, {**stats, "cached": False}
 
