@@ -219,7 +219,7 @@ def test_model_policy_is_token_in_token_out(tasks):
     from tr.agent.policies import load_model_policy
     from tr.models.decoder import token_logprobs
 
-    policy = load_model_policy("tiny", seed=0)
+    policy = load_model_policy("tiny", seed=0, sampling="train")  # behaviour log-probs = the model's
     sampled = []
     inner = policy.sampler.generate
 

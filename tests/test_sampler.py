@@ -33,16 +33,40 @@ def sampler(model):
 PROMPTS = [TOK.encode("ls -la"), TOK.encode("cat /etc/hostname && echo done"), TOK.encode("x")]
 
 
-def test_behaviour_logprobs_equal_training_forward(model, sampler):
+def _processed_logprobs(logits: np.ndarray, tokens: list[int], temperature: float, top_p: float) -> np.ndarray:
+    """Reference: log p(token) under softmax(logits / T) cut to the top-p nucleus, renormalised."""
+    out = []
+    for row, tok in zip(logits.astype(np.float64), tokens):
+        p = np.exp(row / temperature - np.max(row / temperature))
+        p /= p.sum()
+        order = np.argsort(-p)
+        before = np.cumsum(p[order]) - p[order]
+        keep = order[before < top_p]
+        assert tok in keep
+        out.append(np.log(p[tok] / p[keep].sum()))
+    return np.asarray(out)
+
+
+def test_logprobs_are_of_the_distribution_sampled_from(model, sampler):
     params = SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=12, seed=3)
     outs = sampler.generate(PROMPTS, params)
     for prompt, out in zip(PROMPTS, outs):
         assert len(out.token_ids) == 12 and out.finish_reason == "length"
         full = jnp.asarray([list(prompt) + out.token_ids], jnp.int32)
         logp, _ = logprobs_of(model, full, chunk_size=8)
+        np.testing.assert_allclose(out.raw_logprobs, np.asarray(logp[0, len(prompt):]), atol=1e-4)
+        logits = np.asarray(forward(model, full)[0, len(prompt) - 1:-1])
+        np.testing.assert_allclose(out.logprobs, _processed_logprobs(logits, out.token_ids, 0.8, 0.9), atol=1e-4)
+        assert not np.allclose(out.logprobs, out.raw_logprobs, atol=1e-3)  # a different quantity at 0.8/0.9
+
+
+def test_training_sampling_logprobs_are_the_raw_model_s(model, sampler):
+    params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=12, seed=4)
+    for prompt, out in zip(PROMPTS, sampler.generate(PROMPTS, params)):
+        assert out.logprobs == out.raw_logprobs  # the same numbers, not merely close
+        full = jnp.asarray([list(prompt) + out.token_ids], jnp.int32)
+        logp, _ = logprobs_of(model, full, chunk_size=8)
         np.testing.assert_allclose(out.logprobs, np.asarray(logp[0, len(prompt):]), atol=1e-4)
-        # The processed distribution is sharper than temperature 1 on average: a different quantity.
-        assert not np.allclose(out.logprobs, out.sampling_logprobs, atol=1e-3)
 
 
 def test_greedy_equals_naive_full_prefix_loop(model, sampler):
@@ -91,7 +115,7 @@ def test_stop_token_and_per_sequence_caps(sampler):
         ids = greedy[r].token_ids
         expect = ids[: min(cap, ids.index(stop) + 1 if stop in ids[:cap] else cap)]
         assert outs[r].token_ids == expect
-        np.testing.assert_allclose(outs[r].logprobs, greedy[r].logprobs[: len(expect)], atol=1e-5)
+        np.testing.assert_allclose(outs[r].raw_logprobs, greedy[r].raw_logprobs[: len(expect)], atol=1e-5)
 
 
 def test_stop_string_cuts_at_the_completing_token(sampler):

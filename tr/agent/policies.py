@@ -246,7 +246,9 @@ class RequestBatcher:
 class ModelPolicy:
     """The JAX sampler behind the harness, token-in/token-out: each request's ``prompt_tokens`` (the
     episode's exact context) go to the sampler as they are, and the sampled ids — stop token
-    included — come back with their behaviour log-probabilities (temperature 1, SPEC §2).  One
+    included — come back with their behaviour log-probabilities: log-probs under the distribution
+    they were sampled from (``temperature``, ``top_p``; SPEC §2).  Training rollouts use
+    ``TRAINING_SAMPLING`` (1.0, 1.0), evaluation ``EVAL_SAMPLING`` (0.6, 0.95, the default).  One
     batched sampler call per batch of requests; each request keeps its own ``max_tokens``."""
 
     def __init__(self, sampler, tokenizer, *, temperature: float = 0.6, top_p: float = 0.95,
@@ -299,16 +301,24 @@ class ModelPolicy:
         return gens
 
 
-def load_model_policy(name: str = "tiny", *, model=None, seed: int = 0, temperature: float = 0.6,
-                      top_p: float = 0.95) -> ModelPolicy:
+def load_model_policy(name: str = "tiny", *, model=None, seed: int = 0, temperature: float | None = None,
+                      top_p: float | None = None, sampling: str = "eval") -> ModelPolicy:
     """A :class:`ModelPolicy` over ``model`` (a ``tr.models.decoder.Decoder``), or over a freshly
-    initialised model of the named size (``seed``) — the untrained tiny model by default."""
+    initialised model of the named size (``seed``) — the untrained tiny model by default.
+    ``sampling``: ``"eval"`` (temperature 0.6, top-p 0.95) or ``"train"`` (1.0, 1.0: behaviour
+    log-probs are the raw model's, so the first PPO ratio is 1); ``temperature`` / ``top_p`` override."""
     from flax import nnx
 
     from tr.models.config import get_model_config
     from tr.models.decoder import Decoder
     from tr.models.tokenizer import ByteTokenizer
-    from tr.sampling.sampler import JaxSampler
+    from tr.sampling.sampler import EVAL_SAMPLING, TRAINING_SAMPLING, JaxSampler
+
+    presets = {"eval": EVAL_SAMPLING, "train": TRAINING_SAMPLING}
+    if sampling not in presets:
+        raise ValueError(f"load_model_policy: sampling={sampling!r}; expected one of {sorted(presets)}")
+    temperature = presets[sampling][0] if temperature is None else temperature
+    top_p = presets[sampling][1] if top_p is None else top_p
 
     if model is None:
         model = Decoder(get_model_config(name), rngs=nnx.Rngs(seed))

@@ -60,6 +60,6 @@ class VllmEngine:
                 reason = "stop_string"
             else:
                 reason = "stop_token"
-            completions.append(Completion(token_ids=ids, logprobs=logprobs, sampling_logprobs=[],
+            completions.append(Completion(token_ids=ids, logprobs=logprobs, raw_logprobs=[],
                                           finish_reason=reason))
         return completions
