@@ -158,3 +158,37 @@ def test_bad_requests_are_rejected_clearly(sampler):
 def test_vllm_adapter_says_what_is_missing():
     with pytest.raises(VllmUnavailableError, match="pip install vllm-tpu"):
         VllmEngine("/nonexistent/model")
+
+
+def test_vllm_adapter_against_a_stand_in_vllm(monkeypatch, model):
+    """vllm cannot be installed here: a stand-in module checks what the adapter asks of it (prefix
+    caching on, processed log-probs, weight sync then a prefix-cache reset)."""
+    import sys
+    import types
+
+    calls = {}
+
+    class LLM:
+        def __init__(self, **kw):
+            calls["init"] = kw
+
+        def generate(self, requests, sampling, use_tqdm=False):
+            step = types.SimpleNamespace(logprob=-0.5)
+            seq = types.SimpleNamespace(token_ids=[7, 2], logprobs=[{7: step}, {2: step}], finish_reason="stop",
+                                        stop_reason=2)
+            return [types.SimpleNamespace(outputs=[seq]) for _ in requests]
+
+        def collective_rpc(self, method, args=()):
+            calls["rpc"] = (method, len(args[0]))
+
+        def reset_prefix_cache(self):
+            calls["reset"] = True
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=lambda **kw: kw))
+    engine = VllmEngine("/models/x")
+    assert calls["init"]["enable_prefix_caching"] and calls["init"]["logprobs_mode"] == "processed_logprobs"
+    out = engine.submit([1, 2], SamplingParams(stop_token_ids=(2,)), episode_id="e").result(timeout=10)
+    assert out.token_ids == [7, 2] and out.logprobs == out.raw_logprobs == [-0.5, -0.5]
+    assert out.finish_reason == "stop_token"
+    engine.update_weights(model)
+    assert calls["rpc"][0] == "tr_load_weights" and calls["rpc"][1] > 0 and calls["reset"]

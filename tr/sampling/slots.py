@@ -120,7 +120,7 @@ class EpisodeSampler:
     """
 
     def __init__(self, model: Decoder, tokenizer: Tokenizer | None = None, *, slots: int = 32,
-                 cache_len: int | None = None, max_new_tokens: int = 256, prefill_chunk: int = 512,
+                 cache_len: int | None = None, max_new_tokens: int = 256, prefill_chunk: int = 128,
                  min_prefill_bucket: int = 32, min_capacity: int = 512, decode_steps: int = 8,
                  reuse_cache: bool = True, mesh: jax.sharding.Mesh | None = None):
         if slots < 1:
