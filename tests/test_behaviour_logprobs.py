@@ -33,6 +33,7 @@ def _rollout_batch(task, sampling: str):
     cfg = RolloutConfig(concurrency=2, budgets=policy.budgets(24, max_turns=2), progress=False)
     out = run_rollouts(group_specs([task], 2, seed=1), policy, policy.layout, cfg)
     assert len(out.records) == 2 and all(r.status.counts for r in out.records), [r.error for r in out.records]
+    assert policy.sampler.cached_episodes() == {}  # the engine ended every episode: caches freed
     seqs = [s for r in out.records for s in episode_to_sequences(r, reward=float(r.rollout_index))]
     length = -(-max(len(s["tokens"]) for s in seqs) // 128) * 128
     batch = {k: jnp.asarray(v) for k, v in pad_sequences(seqs, length).items()}
