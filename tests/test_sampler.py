@@ -192,3 +192,16 @@ def test_vllm_adapter_against_a_stand_in_vllm(monkeypatch, model):
     assert out.finish_reason == "stop_token"
     engine.update_weights(model)
     assert calls["rpc"][0] == "tr_load_weights" and calls["rpc"][1] > 0 and calls["reset"]
+
+
+def test_update_weights_takes_a_param_dict_without_recompiling(model):
+    sampler = JaxSampler(model, TOK, min_prompt_bucket=32, min_new_bucket=16)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    sampler.generate(PROMPTS, greedy)
+    other = Decoder(CFG, rngs=nnx.Rngs(3))
+    sampler.update_weights(nnx.to_pure_dict(nnx.state(other, nnx.Param)))  # TrainState.actor_params
+    outs = sampler.generate(PROMPTS, greedy)
+    assert outs == JaxSampler(other, TOK, min_prompt_bucket=32, min_new_bucket=16).generate(PROMPTS, greedy)
+    assert sampler.compile_counts == {"prefill": 1, "decode": 1}
+    with pytest.raises(ValueError, match="embed_tokens.*float32\\[3\\]"):
+        sampler.update_weights({**nnx.to_pure_dict(nnx.state(model, nnx.Param)), "embed_tokens": np.zeros(3, np.float32)})
