@@ -14,11 +14,12 @@ calls, retires the rows that reached a stop token or their cap (their futures re
 admits queued requests into free rows (prefill), so short requests never wait for long ones and a
 row never idles while a request is queued.
 
-**Cache layout.** The decoder's `KVCache` (`keys, values [n_layers, B, S, K, head_dim]`) with one
-difference: `end` is per row `[B]` (rows are at different lengths); row `b` holds its tokens in slots
-`0 .. end[b]-1` (no padding holes: a token's rotary position is its slot), `valid = slot < end`. The
-decoder runs on one row at a time under `jax.vmap` (batch 1, scalar `end`), so the decoder itself is
-unchanged. `capacity` (slots per row) grows by doubling up to `cache_len` when a request needs more.
+**Cache layout.** Row-major: `keys, values [slots, n_layers, 1, S, K, head_dim]`, i.e. one
+batch-1 `KVCache` of the decoder per row, and `end [slots]` (rows are at different lengths); row `b`
+holds its tokens in slots `0 .. end[b]-1` (no padding holes: a token's rotary position is its slot),
+`valid = slot < end`. The decoder runs on every row at once under `jax.vmap` over the leading axis
+(batch 1, scalar `end` each), so the decoder itself is unchanged and no step moves the cache (a
+`[n_layers, B, ...]` layout vmapped over `B` would transpose the whole cache every step). `capacity` (slots per row) grows by doubling up to `cache_len` when a request needs more.
 
 **Compiles.** Prefill is compiled per (rows-in-call bucket, append-chunk bucket, capacity), decode
 per capacity: all powers of two, so the count is bounded (`compile_counts`); the weights are an
@@ -96,19 +97,20 @@ class EngineStats:
 
 
 def _rows_forward(model: Decoder, keys, values, end, tokens, positions, mask):
-    """The decoder on each row separately (`vmap` over the batch axis, scalar `end` per row).
+    """The decoder on each row separately (`vmap` over rows, a batch-1 `KVCache` with scalar `end`).
 
-    keys/values `[n_layers, B, S, K, hd]`, end `[B]`, tokens/positions/mask `[B, T]`; writes the T
-    tokens' K/V at slots `end[b] ..` of row b. Returns (keys, values, hidden `[B, T, d]`).
+    keys/values `[B, n_layers, 1, S, K, hd]` (row-major: vmapping the leading axis moves no data),
+    end `[B]`, tokens/positions/mask `[B, T]`; writes the T tokens' K/V at slots `end[b] ..` of row
+    b. Returns (keys, values, hidden `[B, T, d]`).
     """
-    slots = keys.shape[2]
+    slots = keys.shape[3]
 
     def one(k, v, e, t, p, m):
-        cache = KVCache(keys=k[:, None], values=v[:, None], valid=(jnp.arange(slots) < e)[None], end=e)
+        cache = KVCache(keys=k, values=v, valid=(jnp.arange(slots) < e)[None], end=e)
         h, c = model.hidden_states(t[None], p[None], cache=cache, token_mask=m[None])
-        return c.keys[:, 0], c.values[:, 0], h[0]
+        return c.keys, c.values, h[0]
 
-    return jax.vmap(one, in_axes=(1, 1, 0, 0, 0, 0), out_axes=(1, 1, 0))(keys, values, end, tokens, positions, mask)
+    return jax.vmap(one)(keys, values, end, tokens, positions, mask)
 
 
 class EpisodeSampler:
@@ -166,7 +168,7 @@ class EpisodeSampler:
 
     def _reset_device_state(self) -> None:
         c, r = self.config, self.slots
-        shape = (c.n_layers, r, self._alloc(self.capacity), c.n_kv_heads, c.head_dim)
+        shape = (r, c.n_layers, 1, self._alloc(self.capacity), c.n_kv_heads, c.head_dim)
         self._keys = jnp.zeros(shape, c.compute_dtype)
         self._values = jnp.zeros(shape, c.compute_dtype)
         self._end = jnp.zeros(r, jnp.int32)
@@ -191,13 +193,13 @@ class EpisodeSampler:
         self.compile_counts["prefill"] += 1  # runs only while tracing
         model = nnx.merge(self.graphdef, state)
         t = tokens.shape[1]
-        sub_k = jnp.take(keys, rows, axis=1, mode="clip")
-        sub_v = jnp.take(values, rows, axis=1, mode="clip")
+        sub_k = jnp.take(keys, rows, axis=0, mode="clip")
+        sub_v = jnp.take(values, rows, axis=0, mode="clip")
         positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
         mask = jnp.arange(t)[None] < n_real[:, None]
         sub_k, sub_v, hidden = _rows_forward(model, sub_k, sub_v, start, tokens, positions, mask)
-        keys = keys.at[:, rows].set(sub_k, mode="drop")
-        values = values.at[:, rows].set(sub_v, mode="drop")
+        keys = keys.at[rows].set(sub_k, mode="drop")
+        values = values.at[rows].set(sub_v, mode="drop")
         end = end.at[rows].set(start + n_real, mode="drop")
         last = jnp.take_along_axis(hidden, jnp.maximum(n_real - 1, 0)[:, None, None], axis=1)[:, 0]
         new_logits = model.project(last)
@@ -427,8 +429,8 @@ class EpisodeSampler:
             cap *= 2
         if cap == self.capacity:
             return
-        pad = self._alloc(cap) - self._keys.shape[2]
-        widths = ((0, 0), (0, 0), (0, pad), (0, 0), (0, 0))
+        pad = self._alloc(cap) - self._keys.shape[3]
+        widths = ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0), (0, 0))
         self._keys, self._values = jnp.pad(self._keys, widths), jnp.pad(self._values, widths)
         self.capacity = cap
 
