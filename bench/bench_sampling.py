@@ -157,7 +157,9 @@ def main() -> None:
                 s0 = dict(vars(sampler.stats))
             else:
                 s0 = {"prefill_s": sampler._prefill.seconds, "decode_s": sampler._decode.seconds}
+            c0 = dict(sampler.compile_counts)
             out = run(policy, args, seed=r)
+            out["compiles_in_run"] = sum(sampler.compile_counts.values()) - sum(c0.values())
             if engine == "episode":
                 d = {k: v - s0[k] for k, v in vars(sampler.stats).items()}
                 out.update(prefill_s=d["prefill_s"], decode_s=d["decode_s"],

@@ -21,8 +21,9 @@ holds its tokens in slots `0 .. end[b]-1` (no padding holes: a token's rotary po
 (batch 1, scalar `end` each), so the decoder itself is unchanged and no step moves the cache (a
 `[n_layers, B, ...]` layout vmapped over `B` would transpose the whole cache every step). `capacity` (slots per row) grows by doubling up to `cache_len` when a request needs more.
 
-**Compiles.** Prefill is compiled per (rows-in-call bucket, append-chunk bucket, capacity), decode
-per capacity: all powers of two, so the count is bounded (`compile_counts`); the weights are an
+**Compiles.** Prefill runs in chunks of `prefill_chunk` tokens (right-padded) and is compiled per
+(rows-in-call bucket, capacity), decode per capacity: all powers of two, so the count is bounded
+(`compile_counts`); the weights are an
 argument, so `update_weights` never recompiles (it drops every cached episode).
 
 **Sampling** (`tr.sampling.sampler.sample_token`): each request has its own key `fold_in(key(seed),
@@ -123,7 +124,7 @@ class EpisodeSampler:
 
     def __init__(self, model: Decoder, tokenizer: Tokenizer | None = None, *, slots: int = 32,
                  cache_len: int | None = None, max_new_tokens: int = 256, prefill_chunk: int = 128,
-                 min_prefill_bucket: int = 32, min_capacity: int = 512, decode_steps: int = 8,
+                 min_capacity: int = 512, decode_steps: int = 8,
                  reuse_cache: bool = True, mesh: jax.sharding.Mesh | None = None):
         if slots < 1:
             raise ValueError(f"EpisodeSampler: slots={slots} must be >= 1")
@@ -138,7 +139,6 @@ class EpisodeSampler:
                              f"{self.config.max_seq_len} of model {self.config.name!r}")
         self.max_new_tokens = max_new_tokens
         self.prefill_chunk = _bucket(prefill_chunk, 1)
-        self.min_prefill_bucket = min(min_prefill_bucket, self.prefill_chunk)
         self.decode_steps = decode_steps
         self.reuse_cache = reuse_cache
         self.capacity = min(_bucket(min_capacity, 1), _bucket(self.cache_len, 1))
@@ -457,8 +457,7 @@ class EpisodeSampler:
         self.stats.prefill_tokens += sum(len(v) for v in pending.values())
         self.stats.reused_tokens += sum(q.start for q in admitted)
         while pending:
-            longest = max(len(v) for v in pending.values())
-            t = min(self.prefill_chunk, _bucket(longest, self.min_prefill_bucket))
+            t = self.prefill_chunk  # one chunk shape: compiles vary only with rows-in-call and capacity
             rows = sorted(pending)
             bj = min(_bucket(len(rows), 1), _bucket(self.slots, 1))
             tokens = np.zeros((bj, t), np.int32)
