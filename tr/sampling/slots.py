@@ -11,8 +11,8 @@ used idle row is evicted and its episode rebuilds its cache by prefill on its ne
 **Continuous batching.** One engine thread runs the rows as a fixed set of decode slots: it decodes
 `decode_steps` tokens for every active row per call (one compiled `while_loop`), then, between
 calls, retires the rows that reached a stop token or their cap (their futures resolve at once) and
-admits queued requests into free rows (prefill), so short requests never wait for long ones and a
-row never idles while a request is queued.
+admits queued requests into free rows (prefill), so short requests never wait for long ones; while
+a request is queued, a decode call returns as soon as any row finishes, so a freed row never idles.
 
 **Cache layout.** Row-major: `keys, values [slots, n_layers, 1, S, K, head_dim]`, i.e. one
 batch-1 `KVCache` of the decoder per row, and `end [slots]` (rows are at different lengths); row `b`
@@ -207,8 +207,9 @@ class EpisodeSampler:
         logits = logits.at[rows].set(jnp.where((n_real > 0)[:, None], new_logits, old), mode="drop")
         return keys, values, end, logits
 
-    def _decode_impl(self, state, keys, values, end, dec, *, steps: int):
+    def _decode_impl(self, state, keys, values, end, dec, queued, *, steps: int):
         """Up to `steps` tokens for every active row; a row stops at a stop id or its `max_new`.
+        With `queued` (a request waits for a slot) the call returns as soon as any row finishes.
 
         Each step samples from the row's logits, records token and log-probs at column `length`,
         then feeds the token (its K/V go to slot `end`) to get the next logits.
@@ -219,9 +220,12 @@ class EpisodeSampler:
         rows = jnp.arange(end.shape[0])
         sample = jax.vmap(lambda lg, k, t, p: [x[0] for x in sample_token(lg[None], k, t, p)])
 
+        started = dec["active"]
+
         def cond(carry):
             i, _, _, _, d = carry
-            return (i < steps) & jnp.any(d["active"])
+            freed = jnp.any(started & ~d["active"])
+            return (i < steps) & jnp.any(d["active"]) & ~(queued & freed)
 
         def body(carry):
             i, keys, values, end, d = carry
@@ -484,7 +488,8 @@ class EpisodeSampler:
     def _decode_and_retire(self) -> None:
         t0 = time.perf_counter()
         self._keys, self._values, self._end, self._dec, steps_done = self._decode_fn(
-            self.state, self._keys, self._values, self._end, self._dec, steps=self.decode_steps)
+            self.state, self._keys, self._values, self._end, self._dec, jnp.asarray(bool(self._queue)),
+            steps=self.decode_steps)
         active = np.asarray(self._dec["active"])
         self.stats.decode_calls += 1
         self.stats.decode_row_steps += self.slots * int(steps_done)
