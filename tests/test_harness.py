@@ -209,7 +209,8 @@ def test_cancel_event_stops_the_episode(tasks, layout):
     assert rec.status is EpisodeStatus.CANCELLED and not rec.status.counts
 
 
-def test_model_policy_is_token_in_token_out(tasks):
+@pytest.mark.parametrize("engine", ["episode", "reprefill"])
+def test_model_policy_is_token_in_token_out(tasks, engine):
     """The untrained tiny model through the harness: the arrays hold exactly the sampled ids, and the
     stored behaviour logprobs equal a fresh forward pass over the training sequence (so the prompt
     the sampler saw is the sequence the trainer sees)."""
@@ -219,16 +220,26 @@ def test_model_policy_is_token_in_token_out(tasks):
     from tr.agent.policies import load_model_policy
     from tr.models.decoder import token_logprobs
 
-    policy = load_model_policy("tiny", seed=0)
+    policy = load_model_policy("tiny", seed=0, sampling="train", engine=engine)  # behaviour = the model's
     sampled = []
-    inner = policy.sampler.generate
+    if engine == "episode":
+        inner = policy.sampler.submit
 
-    def spy(prompts, params, max_new_tokens=None):
-        outs = inner(prompts, params, max_new_tokens)
-        sampled.extend(list(c.token_ids) for c in outs)
-        return outs
+        def spy(prompt, params, **kw):
+            fut = inner(prompt, params, **kw)
+            fut.add_done_callback(lambda f: sampled.append(list(f.result().token_ids)))
+            return fut
 
-    policy.sampler.generate = spy
+        policy.sampler.submit = spy
+    else:
+        inner = policy.sampler.generate
+
+        def spy(prompts, params, max_new_tokens=None):
+            outs = inner(prompts, params, max_new_tokens)
+            sampled.extend(list(c.token_ids) for c in outs)
+            return outs
+
+        policy.sampler.generate = spy
     budgets = policy.budgets(16, max_turns=2)
     rec = _run(tasks["easy"], policy, policy.layout, budgets)
     assert rec.status is EpisodeStatus.TURN_CAP and rec.format_errors == 2 and rec.passed is False

@@ -125,6 +125,24 @@ def test_oversampling_keeps_first_n_and_cancels_the_rest_without_leaks(tasks, la
             discard_snapshot_ref(r.snapshot_ref)
 
 
+def test_episode_aware_policies_hear_every_end_and_cancel(tasks, layout):
+    """``end_episode`` reaches the policy once for every episode that started: finished ones and
+    the ones over-sampling cancelled (so an episode-aware sampler frees their KV caches)."""
+
+    class Ends(SlowForOdd):
+        ended: list = []
+
+        def end_episode(self, episode_id):
+            self.ended.append(episode_id)
+
+    specs = group_specs(tasks[:1], group_size=4)
+    policy = Ends(tasks[:1])
+    out = run_rollouts(specs, policy, layout, RolloutConfig(concurrency=4, progress=False,
+                                                            budgets=Budgets(max_turns=50)), keep_first=2)
+    started = [r.episode_id for r in out.records + out.cancelled]
+    assert len(out.cancelled) >= 1 and sorted(policy.ended) == sorted(started)
+
+
 def test_recovery_rollout_restores_state_and_prepends_history(tasks, layout):
     task = tasks[0]
 

@@ -33,16 +33,40 @@ def sampler(model):
 PROMPTS = [TOK.encode("ls -la"), TOK.encode("cat /etc/hostname && echo done"), TOK.encode("x")]
 
 
-def test_behaviour_logprobs_equal_training_forward(model, sampler):
+def _processed_logprobs(logits: np.ndarray, tokens: list[int], temperature: float, top_p: float) -> np.ndarray:
+    """Reference: log p(token) under softmax(logits / T) cut to the top-p nucleus, renormalised."""
+    out = []
+    for row, tok in zip(logits.astype(np.float64), tokens):
+        p = np.exp(row / temperature - np.max(row / temperature))
+        p /= p.sum()
+        order = np.argsort(-p)
+        before = np.cumsum(p[order]) - p[order]
+        keep = order[before < top_p]
+        assert tok in keep
+        out.append(np.log(p[tok] / p[keep].sum()))
+    return np.asarray(out)
+
+
+def test_logprobs_are_of_the_distribution_sampled_from(model, sampler):
     params = SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=12, seed=3)
     outs = sampler.generate(PROMPTS, params)
     for prompt, out in zip(PROMPTS, outs):
         assert len(out.token_ids) == 12 and out.finish_reason == "length"
         full = jnp.asarray([list(prompt) + out.token_ids], jnp.int32)
         logp, _ = logprobs_of(model, full, chunk_size=8)
+        np.testing.assert_allclose(out.raw_logprobs, np.asarray(logp[0, len(prompt):]), atol=1e-4)
+        logits = np.asarray(forward(model, full)[0, len(prompt) - 1:-1])
+        np.testing.assert_allclose(out.logprobs, _processed_logprobs(logits, out.token_ids, 0.8, 0.9), atol=1e-4)
+        assert not np.allclose(out.logprobs, out.raw_logprobs, atol=1e-3)  # a different quantity at 0.8/0.9
+
+
+def test_training_sampling_logprobs_are_the_raw_model_s(model, sampler):
+    params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=12, seed=4)
+    for prompt, out in zip(PROMPTS, sampler.generate(PROMPTS, params)):
+        assert out.logprobs == out.raw_logprobs  # the same numbers, not merely close
+        full = jnp.asarray([list(prompt) + out.token_ids], jnp.int32)
+        logp, _ = logprobs_of(model, full, chunk_size=8)
         np.testing.assert_allclose(out.logprobs, np.asarray(logp[0, len(prompt):]), atol=1e-4)
-        # The processed distribution is sharper than temperature 1 on average: a different quantity.
-        assert not np.allclose(out.logprobs, out.sampling_logprobs, atol=1e-3)
 
 
 def test_greedy_equals_naive_full_prefix_loop(model, sampler):
@@ -91,7 +115,7 @@ def test_stop_token_and_per_sequence_caps(sampler):
         ids = greedy[r].token_ids
         expect = ids[: min(cap, ids.index(stop) + 1 if stop in ids[:cap] else cap)]
         assert outs[r].token_ids == expect
-        np.testing.assert_allclose(outs[r].logprobs, greedy[r].logprobs[: len(expect)], atol=1e-5)
+        np.testing.assert_allclose(outs[r].raw_logprobs, greedy[r].raw_logprobs[: len(expect)], atol=1e-5)
 
 
 def test_stop_string_cuts_at_the_completing_token(sampler):
@@ -134,3 +158,50 @@ def test_bad_requests_are_rejected_clearly(sampler):
 def test_vllm_adapter_says_what_is_missing():
     with pytest.raises(VllmUnavailableError, match="pip install vllm-tpu"):
         VllmEngine("/nonexistent/model")
+
+
+def test_vllm_adapter_against_a_stand_in_vllm(monkeypatch, model):
+    """vllm cannot be installed here: a stand-in module checks what the adapter asks of it (prefix
+    caching on, processed log-probs, weight sync then a prefix-cache reset)."""
+    import sys
+    import types
+
+    calls = {}
+
+    class LLM:
+        def __init__(self, **kw):
+            calls["init"] = kw
+
+        def generate(self, requests, sampling, use_tqdm=False):
+            step = types.SimpleNamespace(logprob=-0.5)
+            seq = types.SimpleNamespace(token_ids=[7, 2], logprobs=[{7: step}, {2: step}], finish_reason="stop",
+                                        stop_reason=2)
+            return [types.SimpleNamespace(outputs=[seq]) for _ in requests]
+
+        def collective_rpc(self, method, args=()):
+            calls["rpc"] = (method, len(args[0]))
+
+        def reset_prefix_cache(self):
+            calls["reset"] = True
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=lambda **kw: kw))
+    engine = VllmEngine("/models/x")
+    assert calls["init"]["enable_prefix_caching"] and calls["init"]["logprobs_mode"] == "processed_logprobs"
+    out = engine.submit([1, 2], SamplingParams(stop_token_ids=(2,)), episode_id="e").result(timeout=10)
+    assert out.token_ids == [7, 2] and out.logprobs == out.raw_logprobs == [-0.5, -0.5]
+    assert out.finish_reason == "stop_token"
+    engine.update_weights(model)
+    assert calls["rpc"][0] == "tr_load_weights" and calls["rpc"][1] > 0 and calls["reset"]
+
+
+def test_update_weights_takes_a_param_dict_without_recompiling(model):
+    sampler = JaxSampler(model, TOK, min_prompt_bucket=32, min_new_bucket=16)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    sampler.generate(PROMPTS, greedy)
+    other = Decoder(CFG, rngs=nnx.Rngs(3))
+    sampler.update_weights(nnx.to_pure_dict(nnx.state(other, nnx.Param)))  # TrainState.actor_params
+    outs = sampler.generate(PROMPTS, greedy)
+    assert outs == JaxSampler(other, TOK, min_prompt_bucket=32, min_new_bucket=16).generate(PROMPTS, greedy)
+    assert sampler.compile_counts == {"prefill": 1, "decode": 1}
+    with pytest.raises(ValueError, match="embed_tokens.*float32\\[3\\]"):
+        sampler.update_weights({**nnx.to_pure_dict(nnx.state(model, nnx.Param)), "embed_tokens": np.zeros(3, np.float32)})

@@ -146,7 +146,9 @@ class RequestBatcher:
 
     A batch is sent when every registered episode is waiting, when ``max_batch`` requests wait, or
     ``window_s`` after the first request of the batch arrived — so generation for all active
-    episodes is batched while their sandboxes work concurrently.  :meth:`cancel` fails every
+    episodes is batched while their sandboxes work concurrently.  An asynchronous policy (one with
+    ``submit``, e.g. the model over :class:`~tr.sampling.slots.EpisodeSampler`) batches itself
+    (continuous batching): each call goes straight to it, one request per call.  :meth:`cancel` fails every
     waiting and future call with :class:`Cancelled`.
     """
 
@@ -176,6 +178,8 @@ class RequestBatcher:
             self._cv.notify_all()
 
     def generate(self, req: GenerationRequest) -> Generation:
+        if getattr(self.policy, "asynchronous", False):
+            return self._generate_async(req)
         slot: dict = {}
         with self._cv:
             if self._cancelled.is_set():
@@ -187,6 +191,29 @@ class RequestBatcher:
         if "err" in slot:
             raise slot["err"]
         return slot["out"]
+
+    def _generate_async(self, req: GenerationRequest) -> Generation:
+        """An asynchronous policy (``submit``, continuous batching): the request goes to it at once;
+        :meth:`cancel` still fails the wait with :class:`Cancelled`."""
+        with self._cv:
+            if self._cancelled.is_set():
+                raise Cancelled()
+        t0 = time.monotonic()
+        fut = self.policy.submit(req)
+
+        def wake(_):
+            with self._cv:
+                self._cv.notify_all()
+        fut.add_done_callback(wake)
+        with self._cv:
+            while not fut.done() and not self._cancelled.is_set():
+                self._cv.wait()
+            if not fut.done():
+                raise Cancelled()
+            self.calls += 1
+            self.batch_sizes.append(1)
+            self.busy_s += time.monotonic() - t0
+        return fut.result()
 
     # engine side -------------------------------------------------------------------------------
     def cancel(self) -> None:
@@ -246,7 +273,9 @@ class RequestBatcher:
 class ModelPolicy:
     """The JAX sampler behind the harness, token-in/token-out: each request's ``prompt_tokens`` (the
     episode's exact context) go to the sampler as they are, and the sampled ids — stop token
-    included — come back with their behaviour log-probabilities (temperature 1, SPEC §2).  One
+    included — come back with their behaviour log-probabilities: log-probs under the distribution
+    they were sampled from (``temperature``, ``top_p``; SPEC §2).  Training rollouts use
+    ``TRAINING_SAMPLING`` (1.0, 1.0), evaluation ``EVAL_SAMPLING`` (0.6, 0.95, the default).  One
     batched sampler call per batch of requests; each request keeps its own ``max_tokens``."""
 
     def __init__(self, sampler, tokenizer, *, temperature: float = 0.6, top_p: float = 0.95,
@@ -275,43 +304,93 @@ class ModelPolicy:
         return Budgets(max_output_tokens=max_output_tokens,
                        max_context_tokens=prompt + max_output_tokens, **kw)
 
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+    @property
+    def asynchronous(self) -> bool:
+        """True over an episode-aware sampler (``submit``): requests join its decode slots one by
+        one (continuous batching) instead of waiting for a batch; see :meth:`submit`."""
+        return hasattr(self.sampler, "submit")
+
+    def _params(self, caps: Sequence[int], seed: int):
         from tr.sampling.sampler import SamplingParams
 
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, max_new_tokens=max(caps),
+                              stop_token_ids=(self.tokenizer.eos_id,), seed=seed)
+
+    def _generation(self, c) -> Generation:
+        ids = [int(i) for i in c.token_ids]
+        body = ids[:-1] if ids and ids[-1] == self.tokenizer.eos_id else ids
+        return Generation(text=self.tokenizer.decode(body), tokens=ids, logprobs=[float(x) for x in c.logprobs],
+                          finish_reason="length" if c.finish_reason == "length" else "stop", source="policy")
+
+    def submit(self, req: GenerationRequest):
+        """One request to an episode-aware sampler: a future of its :class:`Generation`.  The
+        episode's KV cache is reused across its turns; its random key depends only on (policy seed,
+        episode, episode seed, turn, purpose), not on which requests share the decode slots."""
+        import zlib
+        from concurrent.futures import Future
+
+        salt = zlib.crc32(f"{req.episode_id}:{req.seed}:{req.turn}:{req.purpose}".encode())
+        inner = self.sampler.submit(list(req.prompt_tokens), self._params([req.max_tokens], self.seed),
+                                    max_new_tokens=req.max_tokens, episode_id=req.episode_id or None, salt=salt)
+        out: Future = Future()
+
+        def done(f):
+            if f.exception() is not None:
+                out.set_exception(f.exception())
+            else:
+                out.set_result(self._generation(f.result()))
+        inner.add_done_callback(done)
+        return out
+
+    def end_episode(self, episode_id: str) -> None:
+        """The episode ended or was cancelled: the sampler frees its KV cache."""
+        if hasattr(self.sampler, "end_episode"):
+            self.sampler.end_episode(episode_id)
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         if not requests:
             return []
+        if self.asynchronous:
+            return [f.result() for f in [self.submit(r) for r in requests]]
         with self._lock:
             call = self._calls
             self._calls += 1
         caps = [r.max_tokens for r in requests]
-        params = SamplingParams(temperature=self.temperature, top_p=self.top_p,
-                                max_new_tokens=max(caps), stop_token_ids=(self.tokenizer.eos_id,),
-                                seed=self.seed * 1_000_003 + call)
+        params = self._params(caps, self.seed * 1_000_003 + call)
         outs = self.sampler.generate([list(r.prompt_tokens) for r in requests], params, max_new_tokens=caps)
-        gens = []
-        for c in outs:
-            ids = [int(i) for i in c.token_ids]
-            body = ids[:-1] if ids and ids[-1] == self.tokenizer.eos_id else ids
-            gens.append(Generation(text=self.tokenizer.decode(body), tokens=ids,
-                                   logprobs=[float(x) for x in c.logprobs],
-                                   finish_reason="length" if c.finish_reason == "length" else "stop",
-                                   source="policy"))
-        return gens
+        return [self._generation(c) for c in outs]
 
 
-def load_model_policy(name: str = "tiny", *, model=None, seed: int = 0, temperature: float = 0.6,
-                      top_p: float = 0.95) -> ModelPolicy:
+def load_model_policy(name: str = "tiny", *, model=None, seed: int = 0, temperature: float | None = None,
+                      top_p: float | None = None, sampling: str = "eval", engine: str = "episode",
+                      slots: int = 16) -> ModelPolicy:
     """A :class:`ModelPolicy` over ``model`` (a ``tr.models.decoder.Decoder``), or over a freshly
-    initialised model of the named size (``seed``) — the untrained tiny model by default."""
+    initialised model of the named size (``seed``) — the untrained tiny model by default.
+    ``sampling``: ``"eval"`` (temperature 0.6, top-p 0.95) or ``"train"`` (1.0, 1.0: behaviour
+    log-probs are the raw model's, so the first PPO ratio is 1); ``temperature`` / ``top_p`` override.
+    ``engine``: ``"episode"`` (:class:`~tr.sampling.slots.EpisodeSampler`: KV caches kept across an
+    episode's turns, ``slots`` decode slots, continuous batching) or ``"reprefill"``
+    (:class:`~tr.sampling.sampler.JaxSampler`: each batch re-reads every prompt)."""
     from flax import nnx
 
     from tr.models.config import get_model_config
     from tr.models.decoder import Decoder
     from tr.models.tokenizer import ByteTokenizer
-    from tr.sampling.sampler import JaxSampler
+    from tr.sampling.sampler import EVAL_SAMPLING, TRAINING_SAMPLING, JaxSampler
+    from tr.sampling.slots import EpisodeSampler
+
+    presets = {"eval": EVAL_SAMPLING, "train": TRAINING_SAMPLING}
+    if engine not in ("episode", "reprefill"):
+        raise ValueError(f"load_model_policy: engine={engine!r}; expected 'episode' or 'reprefill'")
+    if sampling not in presets:
+        raise ValueError(f"load_model_policy: sampling={sampling!r}; expected one of {sorted(presets)}")
+    temperature = presets[sampling][0] if temperature is None else temperature
+    top_p = presets[sampling][1] if top_p is None else top_p
 
     if model is None:
         model = Decoder(get_model_config(name), rngs=nnx.Rngs(seed))
     tokenizer = ByteTokenizer(vocab_size=model.config.vocab_size)
-    return ModelPolicy(JaxSampler(model, tokenizer), tokenizer, temperature=temperature, top_p=top_p,
+    sampler = (EpisodeSampler(model, tokenizer, slots=slots, max_new_tokens=512) if engine == "episode"
+               else JaxSampler(model, tokenizer))
+    return ModelPolicy(sampler, tokenizer, temperature=temperature, top_p=top_p,
                        seed=seed, name=f"model:{model.config.name}")

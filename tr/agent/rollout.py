@@ -4,7 +4,9 @@ Each episode runs in its own thread (sandbox commands proceed concurrently); eve
 through one :class:`~tr.agent.policies.RequestBatcher`, so requests from all active episodes reach
 the sampler as batches.  Groups of ``G`` rollouts per task (GRPO), over-sampling (launch ``N'``,
 keep the first ``N`` to finish that count, cancel the rest and close their sandboxes), and
-recovery rollouts (restore ``s_f``, prepend ``h_f`` and the recovery prompt ``r``).
+recovery rollouts (restore ``s_f``, prepend ``h_f`` and the recovery prompt ``r``).  An
+episode-aware policy (``end_episode(episode_id)``, the model over an ``EpisodeSampler``) is told when
+each episode ends or is cancelled, so its KV cache is freed.
 """
 
 from __future__ import annotations
@@ -333,6 +335,9 @@ def run_rollouts(
                                system_prompt=config.system_prompt)
         finally:
             batcher.unregister()
+            end_episode = getattr(policy, "end_episode", None)
+            if end_episode is not None:  # ended or cancelled: an episode-aware sampler frees its cache
+                end_episode(spec.episode_id)
 
     kept: list[EpisodeRecord] = []
     cancelled: list[EpisodeRecord] = []

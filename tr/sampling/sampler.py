@@ -7,10 +7,13 @@ unpadded sequence). Batch size, prompt length and new-token budget are each roun
 bucket (powers of two), so a multi-turn rollout whose prompts grow within a bucket reuses the
 compiled prefill and decode functions (`compile_counts` counts traces).
 
-Log-probabilities. `Completion.logprobs[t] = log softmax(logits_t)[token_t]` from the raw
-logits at temperature 1: the behaviour log-probabilities the trainer recomputes with
-`token_logprobs` for the same tokens (PPO ratios compare like with like). The log-probability under
-the distribution actually sampled (after temperature and top-p) is `sampling_logprobs`.
+Log-probabilities. `Completion.logprobs[t] = log p(token_t)` under the distribution the token was
+actually sampled from: `softmax(logits_t / T)` restricted to the top-p nucleus and renormalised
+(0 for greedy, a point mass). These are the behaviour log-probabilities PPO's ratio needs (SPEC §2).
+`Completion.raw_logprobs[t] = log softmax(logits_t)[token_t]` (temperature 1, no filtering): what
+the trainer's `token_logprobs` recomputes. Training rollouts sample at temperature 1, top-p 1
+(`TRAINING_SAMPLING`), where the two are the same numbers; evaluation samples at 0.6 / 0.95
+(`EVAL_SAMPLING`, SPEC §6).
 
 Stops: a sequence ends at a stop token (included in its ids), at the token that completes a stop
 string (included; checked on the host every `stop_check_steps` tokens), or at its `max_new_tokens`.
@@ -58,14 +61,25 @@ class SamplingParams:
             raise ValueError("SamplingParams.stop_strings must not contain an empty string")
 
 
+# (temperature, top_p) of training rollouts (behaviour = raw log-probs) and of evaluation (SPEC §6).
+TRAINING_SAMPLING = (1.0, 1.0)
+EVAL_SAMPLING = (0.6, 0.95)
+
+
 @dataclasses.dataclass(frozen=True)
 class Completion:
-    """Generated ids (stop token included), behaviour log-probs at temperature 1, and why it ended."""
+    """Generated ids (stop token included), their log-probs under the distribution sampled from
+    (`logprobs`) and under the raw model at temperature 1 (`raw_logprobs`), and why it ended."""
 
     token_ids: list[int]
     logprobs: list[float]
-    sampling_logprobs: list[float]
+    raw_logprobs: list[float]
     finish_reason: str  # 'stop_token' | 'stop_string' | 'length'
+
+    @property
+    def sampling_logprobs(self) -> list[float]:
+        """The former name of `logprobs` (log-probs under the processed distribution)."""
+        return self.logprobs
 
 
 class SamplerEngine(Protocol):
@@ -87,8 +101,10 @@ def sample_token(logits: Float[Array, "b v"], key: jax.Array, temperature: Float
                  top_p: Float[Array, ""]) -> tuple[Int[Array, "b"], Float[Array, "b"], Float[Array, "b"]]:
     """Sample from `softmax(logits / T)` restricted to the top-p nucleus (greedy when T == 0).
 
-    The nucleus keeps, in decreasing probability, every token whose preceding mass is < top_p.
-    Returns `(token, log softmax(logits)[token], log p_processed[token])`.
+    The nucleus keeps, in decreasing probability, every token whose preceding mass is < top_p
+    (top_p >= 1 keeps every token, so T = 1, top-p = 1 samples the raw softmax exactly).
+    Returns `(token, log softmax(logits)[token], log p_processed[token])`; the processed
+    log-prob of a greedy pick is 0 (a point mass).
     """
     chex.assert_rank(logits, 2)
     logits = logits.astype(jnp.float32)
@@ -98,7 +114,7 @@ def sample_token(logits: Float[Array, "b v"], key: jax.Array, temperature: Float
     probs = jax.nn.softmax(scaled, axis=-1)
     sorted_probs = -jnp.sort(-probs, axis=-1)
     mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
-    kept = mass_before < top_p
+    kept = (mass_before < top_p) | (top_p >= 1.0)
     threshold = jnp.min(jnp.where(kept, sorted_probs, jnp.inf), axis=-1, keepdims=True)
     filtered = jnp.where(probs >= threshold, scaled, -jnp.inf)
     sampled = jax.random.categorical(key, filtered, axis=-1)
@@ -106,6 +122,30 @@ def sample_token(logits: Float[Array, "b v"], key: jax.Array, temperature: Float
     proc_logp = jnp.where(greedy, 0.0, jnp.take_along_axis(jax.nn.log_softmax(filtered, -1), token[:, None], -1)[:, 0])
     behaviour = jnp.take_along_axis(raw_logp, token[:, None], -1)[:, 0]
     return token, behaviour, proc_logp
+
+
+def replace_weights(state: nnx.State, weights) -> nnx.State:
+    """`state` with the parameters of `weights` (a `Decoder` or a pure dict as `nnx.to_pure_dict`
+    gives); raises ValueError naming the first leaf whose shape or dtype differs (a recompile)."""
+    if isinstance(weights, nnx.Module):
+        new = nnx.state(weights)
+    elif isinstance(weights, (dict, nnx.State)):
+        new = jax.tree.map(lambda x: x, state)
+        try:
+            nnx.replace_by_pure_dict(new, weights.to_pure_dict() if isinstance(weights, nnx.State) else weights)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ValueError(f"update_weights: the parameter dict does not fit the sampler's model: {exc}") from exc
+    else:
+        raise ValueError(f"update_weights: expected a Decoder or a pure parameter dict, got {type(weights).__name__}")
+    old_leaves = jax.tree_util.tree_leaves_with_path(state)
+    new_leaves = jax.tree_util.tree_leaves_with_path(new)
+    if [p for p, _ in old_leaves] != [p for p, _ in new_leaves]:
+        raise ValueError("update_weights: the new parameters have a different structure than the sampler's model")
+    for (path, a), (_, b) in zip(old_leaves, new_leaves):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            raise ValueError(f"update_weights: {jax.tree_util.keystr(path)} is {b.dtype}{list(b.shape)}, "
+                             f"the sampler's model has {a.dtype}{list(a.shape)}")
+    return new
 
 
 class JaxSampler:
@@ -126,18 +166,12 @@ class JaxSampler:
         self._prefill = jax.jit(self._prefill_impl, static_argnames=("cache_len",))
         self._decode = jax.jit(self._decode_impl, donate_argnames=("cache",))
 
-    def update_weights(self, params) -> None:
-        """Use new parameters (same shapes and dtypes: no recompilation).
+    def update_weights(self, weights) -> None:
+        """Use new parameters: a `Decoder` or its pure parameter dict (`TrainState.actor_params`).
 
-        `params`: a `Decoder`, or the pure parameter dict of one (`TrainState.actor_params`,
-        `nnx.to_pure_dict(nnx.state(model, nnx.Param))`).
+        Shapes and dtypes must match the current ones (checked), so nothing recompiles.
         """
-        if isinstance(params, nnx.Module):
-            self.graphdef, self.state = nnx.split(params)
-            return
-        state = jax.tree.map(lambda x: x, self.state)   # a new State: the old one stays valid
-        nnx.replace_by_pure_dict(state, params)
-        self.state = state
+        self.state = replace_weights(self.state, weights)
 
     # -- compiled pieces ---------------------------------------------------------------------
     def _prefill_impl(self, state, tokens, positions, mask, *, cache_len: int):
@@ -263,8 +297,8 @@ class JaxSampler:
             reason = reasons[r]
             if reason == "length" and ids and ids[-1] in stop_set:
                 reason = "stop_token"
-            completions.append(Completion(token_ids=ids, logprobs=out_logp[r, :k].tolist(),
-                                          sampling_logprobs=out_slp[r, :k].tolist(), finish_reason=reason))
+            completions.append(Completion(token_ids=ids, logprobs=out_slp[r, :k].tolist(),
+                                          raw_logprobs=out_logp[r, :k].tolist(), finish_reason=reason))
         return completions
 
     def _stop_string_end(self, ids: np.ndarray, stop_strings: tuple[str, ...]) -> int | None:

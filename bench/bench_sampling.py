@@ -1,0 +1,203 @@
+"""Benchmark: multi-turn rollout sampling, episode KV caches + continuous batching vs re-prefill.
+
+Workload (issue 12): `--episodes` concurrent episodes of `--turns` turns; the first prompt and every
+observation are `--obs` tokens, each turn generates a length drawn from [`--min-new`, `--max-new`]
+(no stop token, so both engines generate exactly the same number of tokens); the sandbox is a
+fixed-delay echo (`--delay-s` of sleep, then the observation), so only sampling is timed. Each
+episode is a thread calling the policy through `tr.agent.policies.RequestBatcher`, exactly as
+`tr.agent.rollout.run_rollouts` does.
+
+Engines, same model, same process:
+  reprefill  `JaxSampler` (today's engine): a batch of waiting requests, every prompt re-read in
+             full (left-padded to a power-of-two bucket), the batch decodes until its longest member.
+  episode    `EpisodeSampler`: an episode's KV cache lives across turns (only the observation is
+             prefilled), requests join and leave `--slots` decode slots as they come and finish.
+Each engine first runs the whole workload once (compiles), then `--repeats` timed runs; medians.
+
+Reported: episodes/s, generated tokens/s, the time share of prefill / decode / waiting (no request
+to work on: every episode in its sandbox), and the decode rate with slots joining and leaving vs a
+static batch of the same size (all slots busy from start to end, same engine, same capacity).
+
+Run:  .venv/bin/python bench/bench_sampling.py [--episodes 32 --turns 8 --obs 200 --slots 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import jax
+import numpy as np
+from flax import nnx
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tr.agent.harness import GenerationRequest  # noqa: E402
+from tr.agent.policies import ModelPolicy, RequestBatcher  # noqa: E402
+from tr.models.config import get_model_config  # noqa: E402
+from tr.models.decoder import Decoder  # noqa: E402
+from tr.models.tokenizer import ByteTokenizer  # noqa: E402
+from tr.sampling.sampler import JaxSampler  # noqa: E402
+from tr.sampling.slots import EpisodeSampler  # noqa: E402
+
+
+class Timed:
+    """Wraps a compiled function: seconds spent in it (results awaited)."""
+
+    def __init__(self, fn):
+        self.fn, self.seconds = fn, 0.0
+
+    def __call__(self, *a, **kw):
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(self.fn(*a, **kw))
+        self.seconds += time.perf_counter() - t0
+        return out
+
+
+def workload(args, seed: int):
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(0, 256, args.obs).tolist() for _ in range(args.episodes)]
+    obs = [[rng.integers(0, 256, args.obs).tolist() for _ in range(args.turns)] for _ in range(args.episodes)]
+    caps = rng.integers(args.min_new, args.max_new + 1, size=(args.episodes, args.turns)).tolist()
+    return prompts, obs, caps
+
+
+def run(policy, args, seed: int) -> dict:
+    """All episodes once; returns wall seconds and generated tokens."""
+    prompts, obs, caps = workload(args, seed)
+    batcher = RequestBatcher(policy, max_batch=args.episodes, window_s=0.005)
+    generated = [0] * args.episodes
+
+    def episode(e: int) -> None:
+        batcher.register()
+        try:
+            ctx = list(prompts[e])
+            for t in range(args.turns):
+                req = GenerationRequest(messages=(), prompt_tokens=tuple(ctx), max_tokens=caps[e][t],
+                                        episode_id=f"ep{seed}-{e}", seed=e, turn=t + 1)
+                gen = batcher.generate(req)
+                generated[e] += len(gen.tokens)
+                time.sleep(args.delay_s)  # the sandbox: a fixed-delay echo
+                ctx = ctx + list(gen.tokens) + obs[e][t]
+        finally:
+            batcher.unregister()
+            if hasattr(policy, "end_episode"):
+                policy.end_episode(f"ep{seed}-{e}")
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(args.episodes) as pool:
+        list(pool.map(episode, range(args.episodes)))
+    wall = time.perf_counter() - t0
+    batcher.close()
+    return {"wall_s": wall, "tokens": sum(generated)}
+
+
+def static_decode_rate(sampler: EpisodeSampler, args) -> float:
+    """Decode tokens/s of a static batch: `slots` requests admitted together, all `max_new` long."""
+    rng = np.random.default_rng(1)
+    from tr.sampling.sampler import SamplingParams
+
+    params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new, seed=3)
+    before_s, before_tok = sampler.stats.decode_s, sampler.stats.generated_tokens
+    futures = [sampler.submit(rng.integers(0, 256, args.obs).tolist(), params) for _ in range(sampler.slots)]
+    for f in futures:
+        f.result()
+    return (sampler.stats.generated_tokens - before_tok) / (sampler.stats.decode_s - before_s)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--episodes", type=int, default=32)
+    p.add_argument("--turns", type=int, default=8)
+    p.add_argument("--obs", type=int, default=200)
+    p.add_argument("--min-new", type=int, default=32)
+    p.add_argument("--max-new", type=int, default=64)
+    p.add_argument("--delay-s", type=float, default=0.05)
+    p.add_argument("--slots", type=int, default=None, help="decode slots (default: --episodes)")
+    p.add_argument("--decode-steps", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--attention-chunk", type=int, default=512,
+                   help="queries per attention block (exact; bounds re-prefill's score memory)")
+    p.add_argument("--engines", default="episode,reprefill")
+    args = p.parse_args()
+    slots = args.slots or args.episodes
+    longest = args.obs * (args.turns + 1) + args.max_new * args.turns + 64
+    max_len = 1 << (2 * longest - 1).bit_length()  # re-prefill's bucket + new tokens must fit
+    config = get_model_config(args.model, max_seq_len=max_len, attention_chunk=args.attention_chunk)
+    model = Decoder(config, rngs=nnx.Rngs(0))
+    tok = ByteTokenizer(vocab_size=config.vocab_size)
+    t_start = time.perf_counter()
+    print(f"model {config.name} ({config.param_count() / 1e6:.1f}M params), backend {jax.default_backend()}, "
+          f"{os.cpu_count()} CPUs; {args.episodes} episodes x {args.turns} turns, {args.obs}-token observations, "
+          f"{args.min_new}-{args.max_new} new tokens/turn, echo delay {args.delay_s}s, slots {slots}; "
+          f"median of {args.repeats} after a warm-up run", flush=True)
+
+    rows = {}
+    for engine in args.engines.split(","):
+        if engine == "episode":
+            sampler = EpisodeSampler(model, tok, slots=slots, max_new_tokens=args.max_new,
+                                     cache_len=longest, decode_steps=args.decode_steps)
+        else:
+            sampler = JaxSampler(model, tok, min_prompt_bucket=256, min_new_bucket=args.max_new,
+                                 min_batch_bucket=args.episodes)
+            sampler._prefill, sampler._decode = Timed(sampler._prefill), Timed(sampler._decode)
+        policy = ModelPolicy(sampler, tok, temperature=1.0, top_p=1.0, seed=0)
+        t0 = time.perf_counter()
+        run(policy, args, seed=100)  # warm-up: every bucket compiles
+        warm_s = time.perf_counter() - t0
+        results = []
+        for r in range(args.repeats):
+            if engine == "episode":
+                s0 = dict(vars(sampler.stats))
+            else:
+                s0 = {"prefill_s": sampler._prefill.seconds, "decode_s": sampler._decode.seconds}
+            c0 = dict(sampler.compile_counts)
+            out = run(policy, args, seed=r)
+            out["compiles_in_run"] = sum(sampler.compile_counts.values()) - sum(c0.values())
+            if engine == "episode":
+                d = {k: v - s0[k] for k, v in vars(sampler.stats).items()}
+                out.update(prefill_s=d["prefill_s"], decode_s=d["decode_s"],
+                           occupancy=d["generated_tokens"] / max(d["decode_row_steps"], 1),
+                           prefill_tokens=d["prefill_tokens"], reused_tokens=d["reused_tokens"])
+            else:
+                out.update(prefill_s=sampler._prefill.seconds - s0["prefill_s"],
+                           decode_s=sampler._decode.seconds - s0["decode_s"])
+            results.append(out)
+            print(f"  {engine} run {r}: {out}", flush=True)
+        best = {k: statistics.median(o[k] for o in results) for k in results[0]}
+        best["warm_s"] = warm_s
+        if engine == "episode":
+            best["static_decode_tok_s"] = static_decode_rate(sampler, args)
+            best["compiles"] = dict(sampler.compile_counts)
+            best["capacity"] = sampler.capacity
+            sampler.close()
+        rows[engine] = best
+
+    print("\n| engine | episodes/s | generated tok/s | prefill | decode | waiting | decode tok/s (in decode) | wall s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for engine, b in rows.items():
+        wall = b["wall_s"]
+        wait = max(wall - b["prefill_s"] - b["decode_s"], 0.0)
+        print(f"| {engine} | {args.episodes / wall:.3f} | {b['tokens'] / wall:,.0f} | {b['prefill_s'] / wall:.0%} | "
+              f"{b['decode_s'] / wall:.0%} | {wait / wall:.0%} | {b['tokens'] / b['decode_s']:,.0f} | {wall:.1f} |")
+    if "episode" in rows and "reprefill" in rows:
+        e, r = rows["episode"], rows["reprefill"]
+        print(f"\nepisodes/s ratio episode/reprefill: {r['wall_s'] / e['wall_s']:.2f}x")
+    if "episode" in rows:
+        e = rows["episode"]
+        dyn = e["tokens"] / e["decode_s"]
+        print(f"episode engine: slot occupancy while decoding {e['occupancy']:.0%}; decode tok/s with slots "
+              f"joining/leaving {dyn:,.0f} vs static batch of {slots} at capacity {e['capacity']} "
+              f"{e['static_decode_tok_s']:,.0f} ({dyn / e['static_decode_tok_s']:.0%}); prefilled "
+              f"{e['prefill_tokens']:,} tokens, reused {e['reused_tokens']:,} from cache; compiles {e['compiles']}")
+    print(f"total bench wall time {time.perf_counter() - t_start:.0f}s")
+
+
+if __name__ == "__main__":
+    main()

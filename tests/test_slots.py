@@ -1,0 +1,190 @@
+"""EpisodeSampler: caches reused across turns give the log-probs of a fresh full forward, only
+appended tokens are prefilled, summaries/evictions rebuild by prefill, slots refill as requests
+finish, weight sync drops caches without recompiling, compiles stay bounded."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from tr.models.config import get_model_config
+from tr.models.decoder import Decoder, token_logprobs
+from tr.sampling.sampler import SamplingParams
+from tr.sampling.slots import EpisodeSampler, RequestCancelled
+
+CFG = get_model_config("tiny", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128,
+                       max_seq_len=1024)
+logprobs_of = nnx.jit(token_logprobs, static_argnames=("chunk_size",))
+forward = nnx.jit(lambda m, t: m(t))
+TRAIN = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=16, seed=1)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return Decoder(CFG, rngs=nnx.Rngs(0))
+
+
+@pytest.fixture(scope="module")
+def sampler(model):
+    """One sampler for the module (3 rows), so its functions compile once; each test frees its rows."""
+    s = EpisodeSampler(model, slots=3, max_new_tokens=32, min_capacity=128, prefill_chunk=64, decode_steps=4)
+    yield s
+    s.close()
+
+
+def _forward_padded(model, ids):
+    """Fresh forward over `ids` right-padded to 512 (causal: the padding is never seen)."""
+    full = np.zeros((1, 512), np.int32)
+    full[0, :len(ids)] = ids
+    return jnp.asarray(full)
+
+
+def _reference(model, history, completion):
+    ids = history + completion.token_ids
+    logp, _ = logprobs_of(model, _forward_padded(model, ids), chunk_size=128)
+    return np.asarray(logp[0, len(history):len(ids)])
+
+
+def _episodes(sampler, model, turns=4, episodes="abc", obs=20, params=TRAIN, check=True):
+    """Multi-turn episodes with random observations, each turn checked against a fresh forward of the
+    whole history; ends the episodes. Returns (completions, prompt tokens submitted)."""
+    rng = np.random.default_rng(0)
+    hist = {e: rng.integers(1, 256, 30).tolist() for e in episodes}
+    outs, prompt_tokens = [], 0
+    for turn in range(turns):
+        prompt_tokens += sum(len(h) for h in hist.values())
+        futs = {e: sampler.submit(h, params, episode_id=e, salt=turn) for e, h in hist.items()}
+        for e, f in futs.items():
+            c = f.result(timeout=120)
+            if check:
+                np.testing.assert_allclose(c.raw_logprobs, _reference(model, hist[e], c), atol=1e-4)
+            outs.append(c)
+            hist[e] = hist[e] + c.token_ids + rng.integers(1, 256, obs).tolist()
+    assert sampler.cached_episodes() == {e: len(h) - obs for e, h in hist.items()} or sampler.stats.evictions
+    for e in episodes:
+        sampler.end_episode(e)
+    return outs, prompt_tokens
+
+
+def test_every_turn_equals_a_fresh_forward_and_only_appended_tokens_are_prefilled(model, sampler):
+    before = dataclasses.replace(sampler.stats)
+    outs, prompt_tokens = _episodes(sampler, model)
+    assert all(c.logprobs == c.raw_logprobs for c in outs)  # temperature 1, top-p 1: the same numbers
+    prefilled = sampler.stats.prefill_tokens - before.prefill_tokens
+    assert prefilled == 3 * 30 + 3 * 3 * 20  # turn 1: the prompt; later turns: the observation only
+    assert prefilled + sampler.stats.reused_tokens - before.reused_tokens == prompt_tokens
+    assert sampler.cached_episodes() == {}  # ended
+    # The same samples as with a full re-prefill every turn (same keys, same numbers).
+    sampler.reuse_cache = False
+    try:
+        again, _ = _episodes(sampler, model, check=False)
+    finally:
+        sampler.reuse_cache = True
+    assert [c.token_ids for c in again] == [c.token_ids for c in outs]
+    for a, b in zip(again, outs):
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+
+
+def test_summary_and_eviction_rebuild_by_prefill(model, sampler):
+    evictions = sampler.stats.evictions
+    _episodes(sampler, model, turns=3, episodes="abcd")  # 4 episodes on 3 rows: evicted, rebuilt
+    assert sampler.stats.evictions > evictions
+    # A summary replaces the history: the prompt shares only a 10-token prefix with the cache.
+    rng = np.random.default_rng(5)
+    history = rng.integers(1, 256, 40).tolist()
+    first = sampler.submit(history, TRAIN, episode_id="s").result(timeout=60)
+    summary = history[:10] + rng.integers(1, 256, 25).tolist()
+    before = sampler.stats.prefill_tokens
+    c = sampler.submit(summary, TRAIN, episode_id="s").result(timeout=60)
+    np.testing.assert_allclose(c.raw_logprobs, _reference(model, summary, c), atol=1e-4)
+    assert sampler.stats.prefill_tokens - before == 25
+    assert sampler.cached_episodes() == {"s": len(summary) + len(c.token_ids)} and first.token_ids
+    sampler.end_episode("s")
+
+
+def test_evaluation_sampling_logprobs_are_the_processed_distribution(model, sampler):
+    params = SamplingParams(temperature=0.6, top_p=0.95, max_new_tokens=12, seed=2)
+    prompt = list(range(1, 40))
+    c = sampler.submit(prompt, params).result(timeout=60)
+    ids = prompt + c.token_ids
+    logits = np.asarray(forward(model, _forward_padded(model, ids))[0, len(prompt) - 1:len(ids) - 1], np.float64)
+    for row, tok, lp in zip(logits / 0.6, c.token_ids, c.logprobs):  # nucleus of softmax(z / T)
+        p = np.exp(row - row.max())
+        p /= p.sum()
+        order = np.argsort(-p)
+        keep = order[np.cumsum(p[order]) - p[order] < 0.95]
+        assert lp == pytest.approx(np.log(p[tok] / p[keep].sum()), abs=1e-4)
+    assert not np.allclose(c.logprobs, c.raw_logprobs, atol=1e-3)
+    greedy = sampler.generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=6))[0]
+    ids = prompt + greedy.token_ids
+    logits = np.asarray(forward(model, _forward_padded(model, ids))[0])
+    assert greedy.token_ids == [int(np.argmax(logits[i])) for i in range(len(prompt) - 1, len(ids) - 1)]
+    assert greedy.logprobs == [0.0] * 6 and sampler.cached_episodes() == {}
+
+
+def test_slots_refill_while_a_long_request_decodes(sampler):
+    long = sampler.submit([1, 2, 3], SamplingParams(temperature=0.0, max_new_tokens=32), episode_id="long")
+    for i in range(4):  # short requests join free slots and leave while `long` keeps going
+        short = sampler.submit([4 + i, 5], SamplingParams(temperature=0.0, max_new_tokens=2), episode_id=f"s{i}")
+        assert len(short.result(timeout=60).token_ids) == 2
+        assert not long.done()
+        sampler.end_episode(f"s{i}")
+    assert len(long.result(timeout=60).token_ids) == 32
+    sampler.end_episode("long")
+
+
+def test_end_episode_cancels_and_frees(sampler):
+    slow = SamplingParams(temperature=0.0, max_new_tokens=32)
+    running = [sampler.submit([1, 2 + i], slow, episode_id=f"r{i}") for i in range(3)]  # every row busy
+    queued = sampler.submit([3, 4], SamplingParams(max_new_tokens=4), episode_id="q")
+    sampler.end_episode("q")
+    with pytest.raises(RequestCancelled):
+        queued.result(timeout=60)
+    sampler.end_episode("r0")
+    with pytest.raises(RequestCancelled):
+        running[0].result(timeout=60)
+    assert len(sampler.submit([5], SamplingParams(max_new_tokens=3), episode_id="c").result(timeout=60).token_ids) == 3
+    for e in ("r1", "r2", "c"):
+        sampler.end_episode(e)
+    assert sampler.cached_episodes() == {}
+
+
+def test_update_weights_drops_caches_without_recompiling(model, sampler):
+    _episodes(sampler, model, turns=1)
+    compiles = dict(sampler.compile_counts)
+    sampler.submit([1, 2, 3], TRAIN, episode_id="kept").result(timeout=60)
+    other = Decoder(CFG, rngs=nnx.Rngs(7))
+    sampler.update_weights(nnx.to_pure_dict(nnx.state(other, nnx.Param)))  # TrainState.actor_params form
+    assert sampler.cached_episodes() == {}
+    try:
+        _episodes(sampler, other, turns=2)  # checked against the NEW model's forward
+    finally:
+        sampler.update_weights(model)  # a Decoder works too
+    _episodes(sampler, model, turns=1)
+    assert dict(sampler.compile_counts) == compiles
+    with pytest.raises(ValueError, match="embed_tokens"):
+        sampler.update_weights({**nnx.to_pure_dict(nnx.state(model, nnx.Param)), "embed_tokens": jnp.zeros((3, 3))})
+
+
+def test_compiles_are_bounded_by_the_buckets(sampler):
+    """Runs last on the shared sampler: random lengths and caps; compiles stay within the buckets
+    (capacities 128.. grown to, rows-in-call 1/2/4; one chunk shape) and a repeat adds none."""
+    rng = np.random.default_rng(1)
+    counts = []
+    for rep in range(2):
+        hist = {f"{rep}-{e}": rng.integers(1, 256, int(rng.integers(5, 100))).tolist() for e in range(5)}
+        for turn in range(4):
+            futs = {e: sampler.submit(h, TRAIN, max_new_tokens=int(rng.integers(1, 17)), episode_id=e, salt=turn)
+                    for e, h in hist.items()}
+            for e, f in futs.items():
+                hist[e] = hist[e] + f.result(timeout=120).token_ids + rng.integers(1, 256, int(rng.integers(1, 70))).tolist()
+        for e in hist:
+            sampler.end_episode(e)
+        counts.append(dict(sampler.compile_counts))
+    capacities = int(np.log2(sampler.capacity // 128)) + 1
+    assert sampler.compile_counts["decode"] <= capacities
+    assert sampler.compile_counts["prefill"] <= capacities * 3
+    assert counts[0] == counts[1] or sampler.capacity > 128

@@ -1,0 +1,520 @@
+"""Continuous-batching sampler whose per-episode KV caches live across turns (`EpisodeSampler`).
+
+**Rows.** The sampler owns `slots` cache rows (the memory budget: `slots x cache_len` token slots,
+`bytes_per_row` each). A live episode keeps its row between turns; its next request prefills only
+the tokens appended since (the observation and the assistant header), then decodes. A request
+whose prompt does not extend the cached tokens (a summary replaced the history) keeps the longest
+common prefix and prefills the rest, so the cache is rebuilt from the new context. Rows are freed by
+`end_episode` (episode ended or cancelled); when a request finds no free row, the least recently
+used idle row is evicted and its episode rebuilds its cache by prefill on its next turn.
+
+**Continuous batching.** One engine thread runs the rows as a fixed set of decode slots: it decodes
+`decode_steps` tokens for every active row per call (one compiled `while_loop`), then, between
+calls, retires the rows that reached a stop token or their cap (their futures resolve at once) and
+admits queued requests into free rows (prefill), so short requests never wait for long ones; while
+a request is queued, a decode call returns as soon as any row finishes, so a freed row never idles.
+
+**Cache layout.** Row-major: `keys, values [slots, n_layers, 1, S, K, head_dim]`, i.e. one
+batch-1 `KVCache` of the decoder per row, and `end [slots]` (rows are at different lengths); row `b`
+holds its tokens in slots `0 .. end[b]-1` (no padding holes: a token's rotary position is its slot),
+`valid = slot < end`. The decoder runs on every row at once under `jax.vmap` over the leading axis
+(batch 1, scalar `end` each), so the decoder itself is unchanged and no step moves the cache (a
+`[n_layers, B, ...]` layout vmapped over `B` would transpose the whole cache every step). `capacity` (slots per row) grows by doubling up to `cache_len` when a request needs more.
+
+**Compiles.** Prefill runs in chunks of `prefill_chunk` tokens (right-padded) and is compiled per
+(rows-in-call bucket, capacity), decode per capacity: all powers of two, so the count is bounded
+(`compile_counts`); the weights are an
+argument, so `update_weights` never recompiles (it drops every cached episode).
+
+**Sampling** (`tr.sampling.sampler.sample_token`): each request has its own key `fold_in(key(seed),
+salt)` and token `t` uses `fold_in(that, t)`, so samples do not depend on which rows share a call.
+`Completion.logprobs` are under the distribution sampled from, `raw_logprobs` the model's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import time
+import zlib
+from collections import Counter, deque
+from concurrent.futures import Future
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from tr.models.decoder import Decoder, KVCache
+from tr.models.tokenizer import Tokenizer
+from tr.sampling.sampler import Completion, SamplingParams, _bucket, replace_weights, sample_token
+
+MAX_STOP_IDS = 4
+
+
+class RequestCancelled(Exception):
+    """The request's episode ended (or the sampler closed) before it finished."""
+
+
+@dataclasses.dataclass
+class _Request:
+    prompt: list[int]
+    max_new: int
+    temperature: float
+    top_p: float
+    stop_ids: tuple[int, ...]
+    seed: int
+    salt: int
+    episode_id: str | None
+    future: Future
+    row: int = -1
+    start: int = 0          # tokens reused from the row's cache
+
+
+@dataclasses.dataclass
+class _Row:
+    episode_id: str | None = None
+    ids: list[int] = dataclasses.field(default_factory=list)   # tokens whose K/V are in the cache
+    request: _Request | None = None
+    last_used: float = 0.0
+
+
+@dataclasses.dataclass
+class EngineStats:
+    """Seconds the engine thread spent prefilling, decoding, and waiting with no active row."""
+
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    wait_s: float = 0.0
+    prefill_tokens: int = 0       # real tokens prefilled
+    reused_tokens: int = 0        # tokens whose cached K/V a request reused
+    generated_tokens: int = 0
+    decode_calls: int = 0
+    decode_row_steps: int = 0     # rows x steps decoded (active or not): occupancy denominator
+    evictions: int = 0
+    requests: int = 0
+
+
+def _rows_forward(model: Decoder, keys, values, end, tokens, positions, mask):
+    """The decoder on each row separately (`vmap` over rows, a batch-1 `KVCache` with scalar `end`).
+
+    keys/values `[B, n_layers, 1, S, K, hd]` (row-major: vmapping the leading axis moves no data),
+    end `[B]`, tokens/positions/mask `[B, T]`; writes the T tokens' K/V at slots `end[b] ..` of row
+    b. Returns (keys, values, hidden `[B, T, d]`).
+    """
+    slots = keys.shape[3]
+
+    def one(k, v, e, t, p, m):
+        cache = KVCache(keys=k, values=v, valid=(jnp.arange(slots) < e)[None], end=e)
+        h, c = model.hidden_states(t[None], p[None], cache=cache, token_mask=m[None])
+        return c.keys, c.values, h[0]
+
+    return jax.vmap(one)(keys, values, end, tokens, positions, mask)
+
+
+class EpisodeSampler:
+    """Continuous batching over `slots` rows with per-episode KV caches (module docstring).
+
+    `submit(prompt, params, episode_id=..., salt=...) -> Future[Completion]` is the asynchronous
+    entry; `generate(prompts, params, max_new_tokens)` is the `SamplerEngine` interface (one-off
+    requests, no episode). `end_episode(episode_id)` frees an episode's row and cancels its request.
+    """
+
+    def __init__(self, model: Decoder, tokenizer: Tokenizer | None = None, *, slots: int = 32,
+                 cache_len: int | None = None, max_new_tokens: int = 256, prefill_chunk: int = 128,
+                 min_capacity: int = 512, decode_steps: int = 8,
+                 reuse_cache: bool = True, mesh: jax.sharding.Mesh | None = None):
+        if slots < 1:
+            raise ValueError(f"EpisodeSampler: slots={slots} must be >= 1")
+        self.config = model.config
+        self.tokenizer = tokenizer
+        self.mesh = mesh
+        self.graphdef, self.state = nnx.split(model)
+        self.slots = slots
+        self.cache_len = int(cache_len or self.config.max_seq_len)
+        if self.cache_len > self.config.max_seq_len:
+            raise ValueError(f"EpisodeSampler: cache_len={self.cache_len} exceeds max_seq_len="
+                             f"{self.config.max_seq_len} of model {self.config.name!r}")
+        self.max_new_tokens = max_new_tokens
+        self.prefill_chunk = _bucket(prefill_chunk, 1)
+        self.decode_steps = decode_steps
+        self.reuse_cache = reuse_cache
+        self.capacity = min(_bucket(min_capacity, 1), _bucket(self.cache_len, 1))
+        self.compile_counts: Counter[str] = Counter()
+        self.stats = EngineStats()
+        self._rows = [_Row() for _ in range(slots)]
+        self._row_of: dict[str, int] = {}
+        self._queue: deque[_Request] = deque()
+        self._cancel_rows: set[int] = set()
+        self._cv = threading.Condition()
+        self._device_lock = threading.Lock()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._reset_device_state()
+        self._prefill_fn = jax.jit(self._prefill_impl, donate_argnums=(1, 2))
+        self._decode_fn = jax.jit(self._decode_impl, donate_argnums=(1, 2, 4), static_argnames=("steps",))
+
+    # -- sizes -----------------------------------------------------------------------------------
+    @property
+    def bytes_per_row(self) -> int:
+        """K and V bytes of one row at full `cache_len` (the memory budget is `slots` of these)."""
+        c = self.config
+        return 2 * c.n_layers * self.cache_len * c.n_kv_heads * c.head_dim * jnp.dtype(c.compute_dtype).itemsize
+
+    def _alloc(self, capacity: int) -> int:
+        return capacity + self.prefill_chunk  # slack: a padded prefill chunk never runs off the end
+
+    def _reset_device_state(self) -> None:
+        c, r = self.config, self.slots
+        shape = (r, c.n_layers, 1, self._alloc(self.capacity), c.n_kv_heads, c.head_dim)
+        self._keys = jnp.zeros(shape, c.compute_dtype)
+        self._values = jnp.zeros(shape, c.compute_dtype)
+        self._end = jnp.zeros(r, jnp.int32)
+        n = _bucket(self.max_new_tokens, 1)
+        self._dec = {
+            "logits": jnp.zeros((r, c.vocab_size), jnp.float32),
+            "out_tokens": jnp.zeros((r, n), jnp.int32), "out_logp": jnp.zeros((r, n), jnp.float32),
+            "out_raw": jnp.zeros((r, n), jnp.float32), "length": jnp.zeros(r, jnp.int32),
+            "active": jnp.zeros(r, bool), "max_new": jnp.ones(r, jnp.int32),
+            "temperature": jnp.ones(r, jnp.float32), "top_p": jnp.ones(r, jnp.float32),
+            "seed": jnp.zeros(r, jnp.int32), "salt": jnp.zeros(r, jnp.int32),
+            "stop_ids": jnp.full((r, MAX_STOP_IDS), -1, jnp.int32),
+        }
+
+    # -- compiled pieces ---------------------------------------------------------------------------
+    def _prefill_impl(self, state, keys, values, end, logits, rows, tokens, n_real, start):
+        """Prefill `tokens [Bj, T]` (right-padded, `n_real` real) into `rows [Bj]` from slot `start`.
+
+        Rows index `>= slots` are padding (gathered clipped, scattered dropped). Sets each row's
+        `end = start + n_real` and, where `n_real > 0`, its next-token logits.
+        """
+        self.compile_counts["prefill"] += 1  # runs only while tracing
+        model = nnx.merge(self.graphdef, state)
+        t = tokens.shape[1]
+        sub_k = jnp.take(keys, rows, axis=0, mode="clip")
+        sub_v = jnp.take(values, rows, axis=0, mode="clip")
+        positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
+        mask = jnp.arange(t)[None] < n_real[:, None]
+        sub_k, sub_v, hidden = _rows_forward(model, sub_k, sub_v, start, tokens, positions, mask)
+        keys = keys.at[rows].set(sub_k, mode="drop")
+        values = values.at[rows].set(sub_v, mode="drop")
+        end = end.at[rows].set(start + n_real, mode="drop")
+        last = jnp.take_along_axis(hidden, jnp.maximum(n_real - 1, 0)[:, None, None], axis=1)[:, 0]
+        new_logits = model.project(last)
+        old = jnp.take(logits, rows, axis=0, mode="clip")
+        logits = logits.at[rows].set(jnp.where((n_real > 0)[:, None], new_logits, old), mode="drop")
+        return keys, values, end, logits
+
+    def _decode_impl(self, state, keys, values, end, dec, queued, *, steps: int):
+        """Up to `steps` tokens for every active row; a row stops at a stop id or its `max_new`.
+        With `queued` (a request waits for a slot) the call returns as soon as any row finishes.
+
+        Each step samples from the row's logits, records token and log-probs at column `length`,
+        then feeds the token (its K/V go to slot `end`) to get the next logits.
+        """
+        self.compile_counts["decode"] += 1
+        model = nnx.merge(self.graphdef, state)
+        n_out = dec["out_tokens"].shape[1]
+        rows = jnp.arange(end.shape[0])
+        sample = jax.vmap(lambda lg, k, t, p: [x[0] for x in sample_token(lg[None], k, t, p)])
+
+        started = dec["active"]
+
+        def cond(carry):
+            i, _, _, _, d = carry
+            freed = jnp.any(started & ~d["active"])
+            return (i < steps) & jnp.any(d["active"]) & ~(queued & freed)
+
+        def body(carry):
+            i, keys, values, end, d = carry
+            act = d["active"]
+            base = jax.vmap(lambda s, a: jax.random.fold_in(jax.random.key(s), a))(d["seed"], d["salt"])
+            step_keys = jax.vmap(jax.random.fold_in)(base, d["length"])
+            token, raw, logp = sample(d["logits"], step_keys, d["temperature"], d["top_p"])
+            col = jnp.minimum(d["length"], n_out - 1)
+            d = dict(d)
+            for name, val in (("out_tokens", token), ("out_logp", logp), ("out_raw", raw)):
+                d[name] = d[name].at[rows, col].set(jnp.where(act, val, d[name][rows, col]))
+            length = d["length"] + act.astype(jnp.int32)
+            stop = jnp.any(token[:, None] == d["stop_ids"], axis=-1)
+            d["length"] = length
+            d["active"] = act & ~(stop | (length >= d["max_new"]))
+            keys, values, hidden = _rows_forward(model, keys, values, end, token[:, None], end[:, None], act[:, None])
+            end = end + act.astype(jnp.int32)
+            d["logits"] = jnp.where(act[:, None], model.project(hidden[:, 0]), d["logits"])
+            return i + 1, keys, values, end, d
+
+        steps_done, keys, values, end, dec = jax.lax.while_loop(cond, body, (jnp.int32(0), keys, values, end, dec))
+        return keys, values, end, dec, steps_done
+
+    # -- public API --------------------------------------------------------------------------------
+    def submit(self, prompt: Sequence[int], params: SamplingParams = SamplingParams(), *,
+               max_new_tokens: int | None = None, episode_id: str | None = None, salt: int = 0) -> Future:
+        """Queue one request; the future resolves to its `Completion` (or `RequestCancelled`)."""
+        prompt = [int(i) for i in prompt]
+        cap = int(params.max_new_tokens if max_new_tokens is None else max_new_tokens)
+        self._check(prompt, params, cap)
+        fut: Future = Future()
+        req = _Request(prompt=prompt, max_new=cap, temperature=float(params.temperature), top_p=float(params.top_p),
+                       stop_ids=tuple(params.stop_token_ids), seed=int(params.seed) & 0x7FFFFFFF,
+                       salt=int(salt) & 0x7FFFFFFF, episode_id=episode_id, future=fut)
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("EpisodeSampler.submit: the sampler is closed")
+            if episode_id is not None and any(q.episode_id == episode_id for q in self._queue):
+                raise ValueError(f"EpisodeSampler.submit: episode {episode_id!r} already has a queued request")
+            self._queue.append(req)
+            self.stats.requests += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="episode-sampler", daemon=True)
+                self._thread.start()
+            self._cv.notify_all()
+        return fut
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams = SamplingParams(),
+                 max_new_tokens: Sequence[int] | None = None) -> list[Completion]:
+        """`SamplerEngine.generate`: one completion per prompt (one-off rows, nothing cached after)."""
+        caps = [params.max_new_tokens] * len(prompts) if max_new_tokens is None else [int(m) for m in max_new_tokens]
+        if len(caps) != len(prompts):
+            raise ValueError(f"EpisodeSampler.generate: max_new_tokens needs {len(prompts)} entries, got {caps}")
+        futures = [self.submit(p, params, max_new_tokens=c, salt=i) for i, (p, c) in enumerate(zip(prompts, caps))]
+        return [f.result() for f in futures]
+
+    def end_episode(self, episode_id: str) -> None:
+        """The episode ended or was cancelled: free its row, cancel its queued or running request."""
+        with self._cv:
+            for q in [q for q in self._queue if q.episode_id == episode_id]:
+                self._queue.remove(q)
+                q.future.set_exception(RequestCancelled(f"episode {episode_id} ended"))
+            r = self._row_of.pop(episode_id, None)
+            if r is not None:
+                row = self._rows[r]
+                if row.request is not None:
+                    self._cancel_rows.add(r)
+                row.episode_id, row.ids = None, []
+            self._cv.notify_all()
+
+    def update_weights(self, weights) -> None:
+        """New parameters (a `Decoder` or `TrainState.actor_params`): no recompile; every cached
+        episode is dropped (its next request prefills its whole context under the new weights).
+        Raises while requests are generating (call it between rollouts)."""
+        with self._cv:
+            busy = sum(r.request is not None for r in self._rows) + len(self._queue)
+            if busy:
+                raise RuntimeError(f"EpisodeSampler.update_weights: {busy} request(s) in flight; "
+                                   "update between rollouts")
+            with self._device_lock:
+                self.state = replace_weights(self.state, weights)
+            for row in self._rows:
+                row.episode_id, row.ids = None, []
+            self._row_of.clear()
+
+    def cached_episodes(self) -> dict[str, int]:
+        """Episode id -> tokens held in its row's cache."""
+        with self._cv:
+            return {e: len(self._rows[r].ids) for e, r in self._row_of.items()}
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    # -- host side ---------------------------------------------------------------------------------
+    def _check(self, prompt: list[int], params: SamplingParams, cap: int) -> None:
+        if not prompt:
+            raise ValueError("EpisodeSampler: every prompt needs at least one token")
+        bad = [i for i in prompt if not 0 <= i < self.config.vocab_size]
+        if bad:
+            raise ValueError(f"EpisodeSampler: prompt has ids {bad[:3]} outside [0, {self.config.vocab_size})")
+        if not 1 <= cap <= self.max_new_tokens:
+            raise ValueError(f"EpisodeSampler: max_new_tokens={cap} must be in [1, {self.max_new_tokens}] "
+                             "(the sampler's max_new_tokens)")
+        if len(prompt) + cap > self.cache_len:
+            raise ValueError(f"EpisodeSampler: prompt of {len(prompt)} tokens + {cap} new tokens exceeds "
+                             f"cache_len={self.cache_len}")
+        if params.stop_strings:
+            raise ValueError("EpisodeSampler: stop_strings are not supported (use stop_token_ids, or JaxSampler)")
+        if len(params.stop_token_ids) > MAX_STOP_IDS:
+            raise ValueError(f"EpisodeSampler: at most {MAX_STOP_IDS} stop_token_ids, got {len(params.stop_token_ids)}")
+
+    def _row_for(self, req: _Request) -> int | None:
+        """The request's row: its episode's own, a free one, or the least recently used idle one."""
+        own = self._row_of.get(req.episode_id) if req.episode_id is not None else None
+        if own is not None:
+            return own if self._rows[own].request is None else None
+        free = [i for i, r in enumerate(self._rows) if r.request is None and r.episode_id is None]
+        if free:
+            return free[0]
+        idle = [i for i, r in enumerate(self._rows) if r.request is None]
+        if not idle:
+            return None
+        victim = min(idle, key=lambda i: self._rows[i].last_used)
+        self._row_of.pop(self._rows[victim].episode_id, None)
+        self._rows[victim].episode_id, self._rows[victim].ids = None, []
+        self.stats.evictions += 1
+        return victim
+
+    def _admit(self) -> list[_Request]:
+        admitted = []
+        for req in list(self._queue):
+            r = self._row_for(req)
+            if r is None:
+                continue
+            self._queue.remove(req)
+            row = self._rows[r]
+            row.request, req.row = req, r
+            if req.episode_id is not None:
+                row.episode_id = req.episode_id
+                self._row_of[req.episode_id] = r
+            common = 0
+            if self.reuse_cache:
+                limit = min(len(row.ids), len(req.prompt) - 1)  # at least one token to prefill (logits)
+                while common < limit and row.ids[common] == req.prompt[common]:
+                    common += 1
+            req.start = common
+            row.ids = req.prompt[:common]
+            admitted.append(req)
+        return admitted
+
+    def _loop(self) -> None:
+        ctx = jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
+        with ctx:
+            try:
+                self._run()
+            except BaseException as exc:  # noqa: BLE001 - delivered to every waiting caller
+                with self._cv:
+                    self._closed = True
+                    for req in list(self._queue) + [r.request for r in self._rows if r.request is not None]:
+                        if not req.future.done():
+                            req.future.set_exception(exc)
+                    self._queue.clear()
+                raise
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                t0 = time.perf_counter()
+                while not self._closed and not self._queue and not self._cancel_rows and \
+                        not any(r.request is not None for r in self._rows):
+                    self._cv.wait()
+                self.stats.wait_s += time.perf_counter() - t0
+                if self._closed:
+                    for req in list(self._queue) + [r.request for r in self._rows if r.request is not None]:
+                        if not req.future.done():
+                            req.future.set_exception(RequestCancelled("the sampler closed"))
+                    self._queue.clear()
+                    return
+                cancel = sorted(self._cancel_rows)
+                self._cancel_rows.clear()
+                for r in cancel:
+                    req = self._rows[r].request
+                    if req is not None and not req.future.done():
+                        req.future.set_exception(RequestCancelled("episode ended"))
+                    self._rows[r].request = None
+                admitted = self._admit()
+            with self._device_lock:
+                if cancel:
+                    idx = jnp.asarray(cancel, jnp.int32)
+                    self._dec["active"] = self._dec["active"].at[idx].set(False)
+                if admitted:
+                    self._prefill(admitted)
+                active = [i for i, r in enumerate(self._rows) if r.request is not None]
+                if active:
+                    self._decode_and_retire()
+
+    def _grow(self, needed: int) -> None:
+        """Double the per-row capacity until `needed` slots fit (copying the cached K/V)."""
+        cap = self.capacity
+        while cap < needed:
+            cap *= 2
+        if cap == self.capacity:
+            return
+        pad = self._alloc(cap) - self._keys.shape[3]
+        widths = ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0), (0, 0))
+        self._keys, self._values = jnp.pad(self._keys, widths), jnp.pad(self._values, widths)
+        self.capacity = cap
+
+    def _prefill(self, admitted: list[_Request]) -> None:
+        t0 = time.perf_counter()
+        self._grow(max(len(q.prompt) + q.max_new for q in admitted))
+        d = self._dec
+        idx = jnp.asarray([q.row for q in admitted], jnp.int32)
+        n_out = d["out_tokens"].shape[1]
+        stops = np.full((len(admitted), MAX_STOP_IDS), -1, np.int32)
+        for i, q in enumerate(admitted):
+            stops[i, :len(q.stop_ids)] = q.stop_ids
+        for name, val, dt in (("max_new", [q.max_new for q in admitted], jnp.int32),
+                              ("temperature", [q.temperature for q in admitted], jnp.float32),
+                              ("top_p", [q.top_p for q in admitted], jnp.float32),
+                              ("seed", [q.seed for q in admitted], jnp.int32),
+                              ("salt", [q.salt for q in admitted], jnp.int32)):
+            d[name] = d[name].at[idx].set(jnp.asarray(val, dt))
+        d["stop_ids"] = d["stop_ids"].at[idx].set(jnp.asarray(stops))
+        d["length"] = d["length"].at[idx].set(0)
+        d["out_tokens"] = d["out_tokens"].at[idx].set(jnp.zeros((len(admitted), n_out), jnp.int32))
+        pending = {q.row: q.prompt[q.start:] for q in admitted}
+        starts = {q.row: q.start for q in admitted}
+        self.stats.prefill_tokens += sum(len(v) for v in pending.values())
+        self.stats.reused_tokens += sum(q.start for q in admitted)
+        while pending:
+            t = self.prefill_chunk  # one chunk shape: compiles vary only with rows-in-call and capacity
+            rows = sorted(pending)
+            bj = min(_bucket(len(rows), 1), _bucket(self.slots, 1))
+            tokens = np.zeros((bj, t), np.int32)
+            n_real = np.zeros(bj, np.int32)
+            start = np.zeros(bj, np.int32)
+            row_ids = np.full(bj, self.slots, np.int32)  # padding rows: out of range, dropped
+            for i, r in enumerate(rows):
+                chunk = pending[r][:t]
+                tokens[i, :len(chunk)] = chunk
+                n_real[i], start[i], row_ids[i] = len(chunk), starts[r], r
+                starts[r] += len(chunk)
+                pending[r] = pending[r][t:]
+                if not pending[r]:
+                    del pending[r]
+            self._keys, self._values, self._end, d["logits"] = self._prefill_fn(
+                self.state, self._keys, self._values, self._end, d["logits"], jnp.asarray(row_ids),
+                jnp.asarray(tokens), jnp.asarray(n_real), jnp.asarray(start))
+        d["active"] = d["active"].at[idx].set(True)
+        for q in admitted:
+            self._rows[q.row].ids = list(q.prompt)
+        jax.block_until_ready(d["logits"])
+        self.stats.prefill_s += time.perf_counter() - t0
+
+    def _decode_and_retire(self) -> None:
+        t0 = time.perf_counter()
+        self._keys, self._values, self._end, self._dec, steps_done = self._decode_fn(
+            self.state, self._keys, self._values, self._end, self._dec, jnp.asarray(bool(self._queue)),
+            steps=self.decode_steps)
+        active = np.asarray(self._dec["active"])
+        self.stats.decode_calls += 1
+        self.stats.decode_row_steps += self.slots * int(steps_done)
+        self.stats.decode_s += time.perf_counter() - t0
+        finished = [i for i, r in enumerate(self._rows) if r.request is not None and not active[i]]
+        if not finished:
+            return
+        length = np.asarray(self._dec["length"])
+        out_tokens, out_logp, out_raw = (np.asarray(self._dec[k]) for k in ("out_tokens", "out_logp", "out_raw"))
+        now = time.monotonic()
+        with self._cv:
+            for i in finished:
+                row = self._rows[i]
+                req, row.request = row.request, None
+                if req is None:  # cancelled meanwhile
+                    continue
+                k = int(length[i])
+                ids = out_tokens[i, :k].tolist()
+                self.stats.generated_tokens += k
+                row.ids = row.ids + ids  # every sampled token was fed: its K/V are cached
+                row.last_used = now
+                if row.episode_id is None:
+                    row.ids = []
+                reason = "stop_token" if ids and ids[-1] in req.stop_ids else "length"
+                if not req.future.done():
+                    req.future.set_result(Completion(token_ids=ids, logprobs=out_logp[i, :k].tolist(),
+                                                     raw_logprobs=out_raw[i, :k].tolist(), finish_reason=reason))
+            self._cv.notify_all()
