@@ -1,8 +1,10 @@
 """A tiny Terminal-RSI pipeline for the stage tests: `init` Base, critic `warmup`, `rpr-1`.
 
     python tests/loop_child.py --run_dir D [--stages init,warmup,rpr] [--ppo_iterations N]
+                               [--source suite|gym]
 
-Real rollouts of the (untrained, 1-layer) tiny model on short built-in tasks in local sandboxes,
+Real rollouts of the (untrained, 1-layer) tiny model on gym tasks or short built-in tasks in local
+sandboxes,
 one episode at a time (so a run is a pure function of its seed), real checkpoints. Prints
 `DONE <json of the summaries>` at the end; killed and started again, it resumes.
 """
@@ -21,7 +23,8 @@ TRAIN_IDS = ["build-makefile-tabs", "py-fix-script", "git-commit-selected"]
 VAL_IDS = ["log-top-ips"]
 
 
-def pipeline_config(stages=("init", "warmup", "rpr"), ppo_iterations=2, calibration=1):
+def pipeline_config(stages=("init", "warmup", "rpr"), ppo_iterations=2, calibration=1,
+                    source="suite"):
     import ml_collections
 
     small = {"name": "tiny", "overrides": dict(n_layers=1, d_model=32, n_heads=2, n_kv_heads=1,
@@ -40,7 +43,8 @@ def pipeline_config(stages=("init", "warmup", "rpr"), ppo_iterations=2, calibrat
         "job": "pipeline",
         "stage_defaults": {
             "model": small,
-            "tasks": {"ids": TRAIN_IDS + VAL_IDS},
+            "tasks": ({"ids": TRAIN_IDS + VAL_IDS} if source == "suite"
+                      else {"source": "gym", "count": 3}),
             "rollout": {"concurrency": 1, "tasks_per_iteration": 2, "max_output_tokens": 16,
                         "max_turns": 2},
             "arrays": {"rows": 4, "length": 2048},
@@ -59,6 +63,7 @@ def main() -> int:
     parser.add_argument("--run_dir", required=True)
     parser.add_argument("--stages", default="init,warmup,rpr")
     parser.add_argument("--ppo_iterations", type=int, default=2)
+    parser.add_argument("--source", default="suite", choices=("suite", "gym"))
     args = parser.parse_args()
     import jax
 
@@ -67,7 +72,8 @@ def main() -> int:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     from tr.stages import pipeline
 
-    config = pipeline_config(tuple(args.stages.split(",")), args.ppo_iterations)
+    config = pipeline_config(tuple(args.stages.split(",")), args.ppo_iterations,
+                             source=args.source)
     summaries = pipeline.run(config, pathlib.Path(args.run_dir))
     print("DONE " + json.dumps(summaries, sort_keys=True, default=str), flush=True)
     return 0

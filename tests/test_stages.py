@@ -1,5 +1,5 @@
-"""The stage kinds and the loop on real rollouts: a tiny `init -> warmup -> rpr` pipeline (one
-process), its stage store and metrics; then the same pipeline SIGKILLed in the middle of RPR and
+"""The stage kinds and the loop on real rollouts of gym tasks (`tr.envs.gym`): a tiny
+`init -> warmup -> rpr` pipeline (one process), its stage store and metrics; then the same pipeline SIGKILLed in the middle of RPR and
 restarted reproduces the uninterrupted run's metrics and parameters exactly, no update lost or
 repeated."""
 
@@ -29,7 +29,8 @@ def child_env(cache_dir):
 
 
 def start(run_dir, env):
-    return subprocess.Popen([sys.executable, str(CHILD), "--run_dir", str(run_dir)], cwd=ROOT,
+    return subprocess.Popen([sys.executable, str(CHILD), "--run_dir", str(run_dir),
+                             "--source", "gym"], cwd=ROOT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

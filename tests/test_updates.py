@@ -117,7 +117,8 @@ def test_epochs_and_mini_batches_reuse_the_batch_targets(setup):
     got, history = compile_lib.run_epochs(steps.ppo, state, prepared, epochs=2, mini_batches=2,
                                           seed=3)
     assert len(history) == 4
-    order = compile_lib.mini_batch_order(B, epochs=2, mini_batches=2, seed=3)
+    has_data = np.asarray(prepared["actor_mask"]).any(axis=1)
+    order = compile_lib.mini_batch_order(B, epochs=2, mini_batches=2, seed=3, has_data=has_data)
     assert sorted(order[0].ravel().tolist()) == list(range(B))
     want = state
     for rows in order.reshape(4, -1):
@@ -125,6 +126,12 @@ def test_epochs_and_mini_batches_reuse_the_batch_targets(setup):
         want, _ = steps.ppo(want, {k: v[idx] for k, v in prepared.items()})
     assert max_abs_diff(got.actor_params, want.actor_params) == 0.0
     assert max_abs_diff(got.critic_params, want.critic_params) == 0.0
+    # Padding rows are spread: 2 data rows of 8 over 2 mini-batches -> one data row in each.
+    spread = compile_lib.mini_batch_order(8, epochs=3, mini_batches=2, seed=0,
+                                          has_data=np.array([0, 0, 1, 0, 0, 0, 1, 0], bool))
+    for epoch in spread:
+        assert [int(np.isin(mb, [2, 6]).sum()) for mb in epoch] == [1, 1]
+        assert sorted(epoch.ravel().tolist()) == list(range(8))
     with pytest.raises(ValueError, match="lacks its targets"):
         compile_lib.run_epochs(steps.ppo, state, batch)
     with pytest.raises(ValueError, match="cannot be cut into 3 equal mini-batches"):

@@ -109,15 +109,25 @@ def build_steps(config: ml_collections.ConfigDict, *, actor_logprobs: ActorFn | 
     return UpdateSteps(sft=sft, critic=critic, ppo=ppo, grpo=grpo, targets=targets)
 
 
-def mini_batch_order(rows: int, *, epochs: int, mini_batches: int, seed: int) -> np.ndarray:
+def mini_batch_order(rows: int, *, epochs: int, mini_batches: int, seed: int,
+                     has_data: np.ndarray | None = None) -> np.ndarray:
     """`[epochs, mini_batches, rows / mini_batches]` row indices: each epoch a fresh permutation
-    (seeded by `(seed, epoch)`), cut into equal mini-batches."""
+    (seeded by `(seed, epoch)`), cut into equal mini-batches. With `has_data [rows]` (false on
+    padding rows), data rows are dealt round-robin first, so no mini-batch is padding only while
+    another holds several data rows (an update on padding alone would move Adam by momentum)."""
     if epochs < 1 or mini_batches < 1:
         raise ValueError(f"ppo.epochs={epochs} and ppo.mini_batches={mini_batches} must be >= 1")
     if rows % mini_batches:
         raise ValueError(f"a rollout batch of {rows} rows cannot be cut into {mini_batches} equal "
                          "mini-batches (ppo.mini_batches must divide the batch's rows)")
-    order = [np.random.default_rng([seed, e]).permutation(rows) for e in range(epochs)]
+    order = []
+    for e in range(epochs):
+        perm = np.random.default_rng([seed, e]).permutation(rows)
+        if has_data is not None:
+            data = np.asarray(has_data, bool)[perm]
+            perm = np.concatenate([perm[data], perm[~data]])
+            perm = perm.reshape(rows // mini_batches, mini_batches).T.reshape(-1)  # round-robin
+        order.append(perm)
     return np.stack(order).reshape(epochs, mini_batches, rows // mini_batches)
 
 
@@ -134,7 +144,9 @@ def run_epochs(update: StepFn, state: TrainState, prepared: Batch, *, epochs: in
     if missing:
         raise ValueError(f"run_epochs: the batch lacks its targets {missing}; compute them once "
                          "with UpdateSteps.targets before the first update")
-    order = mini_batch_order(rows, epochs=epochs, mini_batches=mini_batches, seed=seed)
+    has_data = np.asarray(jax.device_get(prepared["actor_mask"])).any(axis=1)
+    order = mini_batch_order(rows, epochs=epochs, mini_batches=mini_batches, seed=seed,
+                             has_data=has_data)
     history = []
     for epoch in range(epochs):
         for rows_idx in order[epoch]:
