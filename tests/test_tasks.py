@@ -34,6 +34,8 @@ MALFORMED_DIRS = sorted(p for p in MALFORMED.iterdir() if p.is_dir())
         ("harbor-archive-logs", "harbor", "system-administration", "easy", "reward_file",
          (120.0, 50, 30.0)),
         ("tr-count-errors", "tr", "log-analysis", "easy", "pytest", (60.0, 10, 60.0)),
+        ("tb1-py-inventory", "tb1", "software-engineering", "easy", "pytest", (90.0, 50, 45.0)),
+        ("harbor-dedupe-lines", "harbor", "text-processing", "easy", "pytest", (100.0, 50, 40.0)),
     ],
 )
 def test_fixture_tasks_load_with_their_metadata(name, layout, family, tier, kind, budgets):
@@ -111,8 +113,13 @@ def test_static_test_discovery_matches_pytest_collection(tmp_path):
             def other(self): pass
         class Helper:
             def test_not_collected(self): pass
+        class OutputChecks(unittest.TestCase):
+            def test_four(self): pass
+        class AsyncChecks(IsolatedAsyncioTestCase):
+            async def test_five(self): pass
         def test_penalty_x(): pass
-    """))
+    """).replace("import pytest", "import pytest\nimport unittest\n"
+                 "from unittest import IsolatedAsyncioTestCase"))
     proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p",
                            "no:cacheprovider", "test_a.py"], cwd=tmp_path, capture_output=True,
                           text=True, env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
@@ -212,11 +219,56 @@ def test_attempt_turns_per_layout(tmp_path):
     assert len(runner.attempt_turns(tr_task, "partial")) == 1
     assert runner.attempt_turns(tr_task, "none") == []
     harbor = load_task(TASKS / "harbor-csv-total")
-    assert runner.attempt_turns(harbor, "solution") == ["/bin/bash /tmp/.tr-solution/solve.sh"]
+    assert runner.attempt_turns(harbor, "solution") == ["/bin/bash /solution/solve.sh"]
     with pytest.raises(ValueError, match="no partial attempt"):
         runner.attempt_turns(harbor, "partial")
     with pytest.raises(ValueError, match="unknown attempt"):
         runner.attempt_turns(harbor, "best")
+
+
+def test_tb1_semantics_solution_yaml_tbench_workdir_and_python_image():
+    task = load_task(TASKS / "tb1-py-inventory")
+    turns = runner.attempt_turns(task, "solution")
+    assert len(turns) == 3 and turns[-1] == "python summarize.py"   # one turn per command
+    assert turns[1].startswith("printf 'from inventory import total")
+    # t-bench base images set WORKDIR /app; the Dockerfile sets none
+    assert dfile.plan(task.environment.dockerfile, task.source_dir).workdir == "/app"
+    assert dfile.final_workdir(task.environment.dockerfile) == "/app"
+    config = runner.sandbox_config(task, "local")
+    assert config.workdir == "/app" and config.env["PATH"].endswith(":/root/.local/bin")
+    assert (task.budgets.agent_timeout_s, task.budgets.verifier_timeout_s) == (90.0, 45.0)
+    assert "pyyaml==6.0.2: the project's interpreter has them" in task.verifier.note
+
+
+def test_harbor_environment_limits_and_network_reach_the_sandbox_config():
+    from tr.envs.sandbox import SandboxConfig
+
+    task = load_task(TASKS / "harbor-dedupe-lines")
+    env = task.environment
+    assert (env.cpus, env.memory_mb, env.storage_mb, env.network, env.build_timeout_s) == (
+        1.0, 1024, 2048, False, 300.0)
+    base = SandboxConfig(network=True, memory_mb=4096, disk_mb=512, cpus=2.0)
+    docker = runner._with_limits(task, base, "docker")   # (sandbox_config would build the image)
+    assert (docker.network, docker.memory_mb, docker.disk_mb, docker.cpus) == (
+        False, 1024, 2048, 1.0)
+    local = runner.sandbox_config(task, "local", base)
+    assert (local.memory_mb, local.disk_mb) == (1024, 512)   # local disk is RAM: not raised
+    default = load_task(TASKS / "harbor-csv-total")
+    assert runner.sandbox_config(default, "local").network is False  # offline unless asked
+
+
+def test_harbor_reward_below_one_is_not_strict_even_when_pytest_passes(tmp_path):
+    task_dir = tmp_path / "reward-gate"
+    (task_dir / "tests").mkdir(parents=True)
+    (task_dir / "task.toml").write_text('[metadata]\ndifficulty = "easy"\n')
+    (task_dir / "instruction.md").write_text("x\n")
+    (task_dir / "tests" / "test_outputs.py").write_text("def test_ok():\n    pass\n")
+    (task_dir / "tests" / "test.sh").write_text(
+        "pytest /tests/test_outputs.py -rA\n"
+        "[ -f /app/extra ] && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n")
+    result, _ = runner.run_task(load_task(task_dir), "none", "local")
+    assert result.error is None and result.matched == result.executed == 1
+    assert result.reward == 0.0 and not result.strict_pass
 
 
 def test_verifier_command_is_offline_pytest_with_a_junit_report():
@@ -224,13 +276,17 @@ def test_verifier_command_is_offline_pytest_with_a_junit_report():
     command = runner.verifier_command(task, "/app")
     assert '"$TR_PYTHON" -P -m pytest' in command
     assert "--junitxml=/logs/verifier/junit.xml" in command
-    assert command.endswith("/tests/test_outputs.py")
-    assert "uv " not in command and "pip" not in command
+    assert command.rstrip().endswith("$TEST_DIR/test_outputs.py -rA")
+    # the uv / curl / pip lines of run-tests.sh are no-ops; the rest runs as written
+    live = [ln for ln in command.splitlines() if ln.strip() and not ln.lstrip().startswith((":", "#"))]
+    assert not any(w in ln for ln in live for w in ("uv ", "pip", "curl", "apt-get")), live
+    assert any(ln.lstrip().startswith('if [ "$PWD" = "/" ]') for ln in live)
 
 
 # ---------------------------------------------------------------- end to end, local sandbox
 
-EXTERNAL = ["tb1-word-count", "tb1-fix-config", "harbor-csv-total", "harbor-archive-logs"]
+EXTERNAL = ["tb1-word-count", "tb1-fix-config", "harbor-csv-total", "harbor-archive-logs",
+            "tb1-py-inventory", "harbor-dedupe-lines"]
 
 
 @pytest.mark.parametrize("name", EXTERNAL + ["tr-count-errors"])

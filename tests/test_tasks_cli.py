@@ -25,7 +25,7 @@ def assert_no_traceback(proc):
 def test_validate_good_tasks_exits_zero():
     proc = cli("validate", TASKS)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "5 valid, 0 invalid" in proc.stdout
+    assert "7 valid, 0 invalid" in proc.stdout
     assert "installs pytest over the network" in proc.stdout  # the offline replacement is noted
 
 
@@ -56,11 +56,13 @@ def test_list_prints_family_and_tier_table():
     assert rows == {
         "harbor-archive-logs": ["system-administration", "easy", "harbor"],
         "harbor-csv-total": ["data-processing", "medium", "harbor"],
+        "harbor-dedupe-lines": ["text-processing", "easy", "harbor"],
+        "tb1-py-inventory": ["software-engineering", "easy", "tb1"],
         "tb1-fix-config": ["system-administration", "medium", "tb1"],
         "tb1-word-count": ["file-operations", "easy", "tb1"],
         "tr-count-errors": ["log-analysis", "easy", "tr"],
     }
-    assert lines[-1] == "5 tasks"
+    assert lines[-1] == "7 tasks"
 
 
 def test_list_defaults_to_the_built_in_suite():
@@ -129,3 +131,36 @@ def test_bad_arguments_are_usage_errors():
     proc = cli("verify", TASKS / "tr-count-errors", "--attempt", "best")
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
     assert_no_traceback(proc)
+
+
+def _failing_solution_task(tmp_path) -> Path:
+    task_dir = tmp_path / "fails-loudly"
+    for d in ("solution", "tests"):
+        (task_dir / d).mkdir(parents=True)
+    (task_dir / "task.toml").write_text('[metadata]\ndifficulty = "easy"\n')
+    (task_dir / "instruction.md").write_text("Write /app/out.\n")
+    (task_dir / "solution" / "solve.sh").write_text(
+        "#!/bin/bash\necho first-step-ran\necho missing-tool-marker >&2\nexit 7\n")
+    (task_dir / "tests" / "test_outputs.py").write_text(
+        "def test_out():\n    print('verifier-log-marker')\n    assert open('/app/out').read()\n")
+    return task_dir
+
+
+def test_verify_shows_a_failing_solution_commands_output_and_the_verifier_log(tmp_path):
+    task_dir = _failing_solution_task(tmp_path)
+    proc = cli("verify", task_dir)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "--- turn 1: /bin/bash /solution/solve.sh  (exit code 7)" in proc.stdout
+    assert "first-step-ran" in proc.stdout and "missing-tool-marker" in proc.stdout
+    assert "--- verifier log" in proc.stdout and "verifier-log-marker" in proc.stdout
+    data = json.loads(cli("verify", task_dir, "--json").stdout)
+    assert "missing-tool-marker" in data["turns"][0]["output"]
+
+
+def test_verify_verbose_shows_passing_commands_too():
+    quiet = cli("verify", TASKS / "tb1-py-inventory")
+    assert quiet.returncode == 0 and "--- turn" not in quiet.stdout, quiet.stdout
+    loud = cli("verify", TASKS / "tb1-py-inventory", "--verbose")
+    assert loud.returncode == 0, loud.stdout + loud.stderr
+    assert "--- turn 3: python summarize.py  (exit code 0)" in loud.stdout
+    assert "\n21\n" in loud.stdout and "--- verifier log" in loud.stdout

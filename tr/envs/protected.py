@@ -60,10 +60,12 @@ from tr.envs.sandbox import CommandResult, SandboxError
 PYTHON_MOUNT = "/opt/tr/python"     # where the project interpreter appears (read-only)
 FILES_MOUNT = "/opt/tr/verifier"    # harness-owned configuration files (read-only)
 VERIFIER_HOME = "/tmp/.tr-verifier-home"
-VERIFIER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# last: `python` -> /usr/bin/python3 where the sandbox has no `python` (python images have one)
+VERIFIER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/tr/verifier/bin"
 TESTS_MOUNT = "/tests"
 RESULTS_DIR = "/logs/verifier"
-FILES_VERSION = "1"
+FILES_VERSION = "2"
+LINKS = {"bin/python": "/usr/bin/python3"}   # harness-owned links in FILES_MOUNT
 # The harness-owned files mounted at FILES_MOUNT (see the module doc).
 FILES = {
     "pytest.ini": "# The protected verifier's pytest configuration (tr.envs.protected): pytest reads\n"
@@ -92,7 +94,10 @@ def verifier_files(state_dir) -> Path:
         path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         path.write_text(text)
         path.chmod(0o644)
-    for d in [tmp, *{(tmp / rel).parent for rel in FILES}]:
+    for rel, target in LINKS.items():
+        (tmp / rel).parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        os.symlink(target, tmp / rel)
+    for d in [tmp, *{(tmp / rel).parent for rel in [*FILES, *LINKS]}]:
         d.chmod(0o755)
     try:
         os.rename(tmp, dest)

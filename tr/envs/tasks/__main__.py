@@ -1,8 +1,10 @@
 """`python -m tr.envs.tasks`: validate, verify and list task directories.
 
     validate DIR...                       every problem, with file and field; exit 1 if any is bad
-    verify DIR [--attempt solution|partial|none] [--backend local|docker] [--json]
-                                          exit 0 strict pass, 1 not strict, 2 could not verify
+    verify DIR [--attempt solution|partial|none] [--backend local|docker] [--json] [--verbose]
+                                          exit 0 strict pass, 1 not strict, 2 could not verify;
+                                          a failing solution command's output and the verifier
+                                          log are printed (always with --verbose)
     list [DIR]                            id, family, tier, layout (default: the built-in suite)
 """
 
@@ -27,6 +29,11 @@ def _expand(paths: list[str]) -> list[Path]:
         dirs = loader.task_dirs(path) if path.is_dir() else [path]
         out.extend(dirs or [path])
     return out
+
+
+def _tail(text: str, limit: int) -> str:
+    text = (text or "").rstrip()
+    return text if len(text) <= limit else "…" + text[-limit:]
 
 
 def _local_note(task) -> str | None:
@@ -78,25 +85,39 @@ def cmd_verify(args) -> int:
     except ValueError as exc:  # e.g. no partial attempt for this task
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    notes = [n for n in (task.verifier.note,) if n]
     if args.json:
         data = result.to_dict()
-        data.update(attempt=args.attempt, backend=args.backend, layout=task.layout,
-                    turns=[{"exit_code": t.exit_code, "timed_out": t.timed_out} for t in turns])
+        data.update(attempt=args.attempt, backend=args.backend, layout=task.layout, notes=notes,
+                    turns=[{"exit_code": t.exit_code, "timed_out": t.timed_out,
+                            "output": _tail(t.output, 3000)} for t in turns])
         print(json.dumps(data, sort_keys=True))
     else:
         print(f"task {task.id}  family {task.family}  tier {task.tier}  layout {task.layout}  "
               f"attempt {args.attempt}  backend {args.backend}")
         print(f"turns: {len(turns)} (exit codes {[t.exit_code for t in turns]})")
+        commands = runner.attempt_turns(task, args.attempt)
+        for index, turn in enumerate(turns):
+            failed = turn.timed_out or turn.exit_code != 0
+            if failed or args.verbose:
+                status = "timed out" if turn.timed_out else f"exit code {turn.exit_code}"
+                command = commands[index] if index < len(commands) else "?"
+                print(f"--- turn {index + 1}: {command.splitlines()[0][:120]}  ({status})")
+                print(_tail(turn.output, 3000) or "(no output)")
+        for note in notes:
+            print(f"note: {note}")
         for check in result.checks:
             mark = "PASS" if check.passed else check.outcome.upper()
             tags = ("penalty " if check.penalty else "") + ("required" if check.required else "")
             print(f"  {mark:7} {check.name}  {tags.strip()}")
+        reward = f"  reward={result.reward:g}" if result.reward is not None else ""
         print(f"matched P={result.matched}  executed={result.executed}  "
-              f"strict S={int(result.strict_pass)}  ({result.duration_s:.2f}s)")
+              f"strict S={int(result.strict_pass)}{reward}  ({result.duration_s:.2f}s)")
         if result.error:
             print(f"verifier error: {result.error}: {result.error_detail}")
-            if result.log:
-                print(result.log[-3000:])
+        if (result.error or not result.strict_pass or args.verbose) and result.log:
+            print("--- verifier log (tail)")
+            print(_tail(result.log, 4000))
     if result.error:
         return EXIT_ERROR
     return EXIT_OK if result.strict_pass else EXIT_FAIL
@@ -135,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attempt", choices=("solution", "partial", "none"), default="solution")
     p.add_argument("--backend", choices=("local", "docker"), default="local")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="print every solution command's output and the verifier log")
     p.set_defaults(func=cmd_verify)
     p = sub.add_parser("list", help="list tasks with family and tier")
     p.add_argument("dir", nargs="?", metavar="DIR")

@@ -28,6 +28,13 @@ _LOCAL_BASES = re.compile(
     r"|^ghcr\.io/laude-institute/t-bench/(ubuntu-\d\d-\d\d|python-3-\d+)(?::[\w.-]+)?$"
 )
 
+# Images that have `python` on PATH (the local backend then provides it too).
+PYTHON_IMAGES = re.compile(r"^(?:docker\.io/)?(?:library/)?python(?::|$)"
+                           r"|^ghcr\.io/laude-institute/t-bench/python-")
+
+# Terminal-Bench's own base images set WORKDIR /app.
+_TBENCH = re.compile(r"^ghcr\.io/laude-institute/t-bench/")
+
 # RUN steps that need the network (or install packages): refused on the local backend.
 _NETWORK = re.compile(
     r"\b(apt(-get)?\s+(-\S+\s+)*(install|update|upgrade|dist-upgrade)|apk\s+add|yum\s+install|"
@@ -182,6 +189,8 @@ def plan(dockerfile: Path, context: Path, default_workdir: str = "/") -> LocalPl
             if len(words) > 1 and words[1].upper() != "AS":
                 raise DockerfileError(dockerfile, ins.lineno, f"unexpected FROM arguments {words[1:]}")
             base = words[0]
+            if _TBENCH.match(base):
+                workdir = "/app"
             match = _LOCAL_BASES.match(base)
             if not match or "alpine" in (match.group("tag") or ""):
                 raise NeedsDocker(dockerfile, ins.lineno, ins.text, f"base image {base!r} is not a "
@@ -247,7 +256,9 @@ def final_workdir(dockerfile: Path) -> str | None:
                 continue
             variables.update({k.strip(): v.strip().strip('"') for k, v in pairs})
         elif ins.keyword == "FROM":
-            workdir = None
+            words = [w for w in _substitute(ins.args, variables).split()
+                     if not w.startswith("--platform")]
+            workdir = "/app" if words and _TBENCH.match(words[0]) else None
         elif ins.keyword == "WORKDIR":
             target = _substitute(ins.args.strip().strip('"'), variables)
             workdir = posixpath.normpath(posixpath.join(workdir or "/", target))

@@ -24,9 +24,12 @@ from tr.envs.tasks.model import Task, script_interpreter, split_turns
 ATTEMPTS = ("solution", "partial", "none")
 RESULTS_DIR = "/logs/verifier"
 TESTS_MOUNT = "/tests"
-SOLUTION_DIR = "/tmp/.tr-solution"
+SOLUTION_DIR = "/tmp/.tr-solution"     # TB1: where solution.sh is copied to run
+HARBOR_SOLUTION_DIR = "/solution"       # Harbor: solution/ lands here, as Harbor's harness does
 SETUP_TIMEOUT_S = 300.0
 RUN_STEP_TIMEOUT_S = 300.0
+LOCAL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+PYTHON_SHIM_DIR = "/root/.local/bin"    # local backend: `python` -> python3 for python images
 
 
 class TaskEnvironmentError(RuntimeError):
@@ -58,7 +61,7 @@ def sandbox_config(task: Task, backend: str = "local", base=None):
     """The SandboxConfig a task runs under: its workdir and ENV; on Docker, its image."""
     from tr.envs.sandbox import SandboxConfig
 
-    config = base if base is not None else SandboxConfig()
+    config = _with_limits(task, base if base is not None else SandboxConfig(), backend)
     env = task.environment
     if backend == "local":
         if env.kind == "image":
@@ -67,13 +70,32 @@ def sandbox_config(task: Task, backend: str = "local", base=None):
                               "(--backend docker)")
         plan = local_plan(task)
         if plan is not None:
-            return dataclasses.replace(config, workdir=plan.workdir,
-                                       env={**config.env, **plan.env})
+            env = {**config.env, **plan.env}
+            if dfile.PYTHON_IMAGES.match(plan.base_image) and "PATH" not in env:
+                # a python image has `python`; the host's /usr may only have python3
+                env["PATH"] = f"{LOCAL_PATH}:{PYTHON_SHIM_DIR}"
+            return dataclasses.replace(config, workdir=plan.workdir, env=env)
         return dataclasses.replace(config, workdir=env.workdir)
     if backend == "docker":
         return dataclasses.replace(config, workdir=_docker_workdir(task),
                                    image=docker_image(task) or config.image)
     raise ValueError(f"unknown backend {backend!r}; expected 'local' or 'docker'")
+
+
+def _with_limits(task: Task, config, backend: str):
+    """The task's own resources (Harbor [environment]) over the caller's config; its runtime
+    network only when the task asks for it (`allow_internet`), else the config's (off)."""
+    env = task.environment
+    changes = {}
+    if env.network is not None:
+        changes["network"] = env.network
+    if env.cpus is not None:
+        changes["cpus"] = env.cpus
+    if env.memory_mb is not None:
+        changes["memory_mb"] = env.memory_mb
+    if env.storage_mb is not None and backend != "local":   # local disk is a tmpfs: RAM
+        changes["disk_mb"] = env.storage_mb
+    return dataclasses.replace(config, **changes) if changes else config
 
 
 def _docker_workdir(task: Task) -> str:
@@ -137,6 +159,10 @@ def prepare(task: Task, sandbox, backend: str = "local") -> None:
                   f"{env.setup_script.relative_to(task.source_dir)}")
     elif env.kind == "dockerfile" and backend == "local":
         plan = local_plan(task)
+        if dfile.PYTHON_IMAGES.match(plan.base_image):
+            _must(sandbox.run_fresh(f"command -v python >/dev/null || {{ mkdir -p {PYTHON_SHIM_DIR} "
+                                    f"&& ln -sf /usr/bin/python3 {PYTHON_SHIM_DIR}/python; }}",
+                                    timeout_s=60), "providing `python` (a python base image)")
         for step in plan.steps:
             where = f"{env.dockerfile.relative_to(task.source_dir)}:{step.lineno}"
             if isinstance(step, dfile.CopyStep):
@@ -169,8 +195,9 @@ def attempt_script(task: Task, attempt: str) -> Path | None:
 def attempt_turns(task: Task, attempt: str) -> list[str]:
     """The shell commands of an attempt, one per agent turn.
 
-    tr layout: the script's blank-line-separated blocks. Harbor / TB1: one turn that runs the
-    whole script (copied to /tmp/.tr-solution by `run_attempt`) with its interpreter.
+    tr layout: the script's blank-line-separated blocks. TB1 `solution.yaml`: one turn per
+    command. Harbor / TB1 scripts: one turn that runs the whole script with its interpreter
+    (copied by `run_attempt` to /solution (Harbor) or /tmp/.tr-solution (TB1)).
     """
     path = attempt_script(task, attempt)
     if path is None:
@@ -178,8 +205,16 @@ def attempt_turns(task: Task, attempt: str) -> list[str]:
     text = path.read_text(encoding="utf-8")
     if task.layout == "tr":
         return split_turns(text)
+    if path.suffix == ".yaml":
+        from tr.envs.tasks.tb1 import solution_commands
+
+        return solution_commands(text)[0]
     interpreter = " ".join(shlex.quote(w) for w in script_interpreter(text))
-    return [f"{interpreter} {SOLUTION_DIR}/{path.name}"]
+    return [f"{interpreter} {_solution_dir(task)}/{path.name}"]
+
+
+def _solution_dir(task: Task) -> str:
+    return HARBOR_SOLUTION_DIR if task.layout == "harbor" else SOLUTION_DIR
 
 
 def run_attempt(task: Task, sandbox, attempt: str) -> list:
@@ -187,8 +222,12 @@ def run_attempt(task: Task, sandbox, attempt: str) -> list:
     path = attempt_script(task, attempt)
     if path is None:
         return []
-    if task.layout != "tr":
-        _copy_tree(sandbox, path.parent, SOLUTION_DIR)
+    copied = task.layout != "tr" and path.suffix != ".yaml"
+    if copied:
+        if task.layout == "harbor":          # Harbor: the whole solution/ folder
+            _copy_tree(sandbox, path.parent, HARBOR_SOLUTION_DIR)
+        else:                                # TB1: solution.sh alone (its folder holds the tests)
+            _copy_tree(sandbox, path, f"{SOLUTION_DIR}/{path.name}")
     results = []
     deadline = time.monotonic() + task.budgets.agent_timeout_s
     for turn in attempt_turns(task, attempt):
@@ -196,8 +235,12 @@ def run_attempt(task: Task, sandbox, attempt: str) -> list:
         if left <= 0:
             break
         results.append(sandbox.run(turn, timeout_s=left))
-    if task.layout != "tr":
-        sandbox.remove_path(SOLUTION_DIR)    # from the host: no program of the sandbox runs
+    if copied:       # removed from the host: no program of the sandbox runs
+        if task.layout == "harbor":
+            for entry in sorted(path.parent.iterdir()):
+                sandbox.remove_path(f"{HARBOR_SOLUTION_DIR}/{entry.name}")
+        else:
+            sandbox.remove_path(SOLUTION_DIR)
     return results
 
 
@@ -210,6 +253,11 @@ def verifier_command(task: Task, workdir: str) -> str:
     those are the agent's to replace."""
     spec = task.verifier
     cd = f"cd {shlex.quote(workdir)} && "
+    if spec.script_text is not None:
+        # the task's own script, as written but for the pytest lines (testscript.rewrite),
+        # read by the verifier's own shell: no `bash` of the sandbox starts it
+        return (f"{cd}export TEST_DIR={TESTS_MOUNT} PYTHONDONTWRITEBYTECODE=1 "
+                f"PYTEST_DISABLE_PLUGIN_AUTOLOAD=1\n{spec.script_text}")
     if spec.kind == "pytest":
         files = " ".join(shlex.quote(f"{TESTS_MOUNT}/{rel}") for rel in spec.test_files)
         return (f"{cd}TEST_DIR={TESTS_MOUNT} PYTHONDONTWRITEBYTECODE=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "
@@ -237,10 +285,26 @@ def verify(task: Task, sandbox, workdir: str | None = None) -> vr.VerifierResult
             files.get(vr.JUNIT_FILENAME), exit_code=run.exit_code, timed_out=run.timed_out,
             log=run.output, duration_s=duration, final_gate=task.verifier.final_gate,
             required=task.verifier.required)
+        result = _with_reward(result, files)
     else:
         result = vr.result_from_reward(files, exit_code=run.exit_code, timed_out=run.timed_out,
                                        log=run.output, duration_s=duration)
     return result.with_task(task.id, task.family, task.tier)
+
+
+def _with_reward(result: vr.VerifierResult, files: dict[str, str]) -> vr.VerifierResult:
+    """A test script that runs pytest and also writes a reward file (Harbor's `test.sh`): the
+    reward is recorded, and one below 1 is not a strict pass whatever the checks say (the
+    script's own verdict, e.g. an extra condition after pytest)."""
+    for name in vr.REWARD_FILENAMES:
+        if name in files and result.error is None:
+            try:
+                reward = vr.parse_reward(name, files[name])
+            except ValueError:
+                return result
+            return dataclasses.replace(result, reward=reward,
+                                       strict_pass=result.strict_pass and reward >= 1.0)
+    return result
 
 
 def _read_results(out: Path) -> dict[str, str]:
