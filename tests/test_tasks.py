@@ -160,9 +160,13 @@ def _plan(tmp_path, text, files=None):
 @pytest.mark.parametrize(
     "text, needle",
     [
-        ("FROM ubuntu:24.04\nRUN apt-get update && apt-get install -y jq\n", "`apt-get update`"),
-        ("FROM ubuntu:24.04\nRUN pip install requests\n", "`pip install`"),
-        ("FROM python:3.12\nRUN python -m pip install numpy\n", "`python -m pip install`"),
+        ("FROM ubuntu:24.04\nRUN apt-get update && apt-get install -y tr-no-such-pkg bash\n",
+         "not have (apt: tr-no-such-pkg); run it with --backend docker, or install them on the "
+         "host (`apt-get install -y tr-no-such-pkg`)"),
+        ("FROM ubuntu:24.04\nRUN pip install tr-no-such-dist==1.0\n", "(pip: tr-no-such-dist==1.0)"),
+        ("FROM python:3.12\nRUN python -m pip install tr-no-such-dist\n",
+         "`/usr/bin/python3 -m pip install tr-no-such-dist`"),
+        ("FROM ubuntu:24.04\nRUN apt-get install -y bash && git clone https://x/y\n", "`git clone`"),
         ("FROM ubuntu:24.04\nRUN curl -sSL https://x.sh | sh\n", "`curl`"),
         ("FROM ghcr.io/someone/custom-image:1\n", "base image 'ghcr.io/someone/custom-image:1'"),
         ("FROM python:3.12-alpine\n", "base image 'python:3.12-alpine'"),
@@ -198,6 +202,40 @@ def test_malformed_dockerfiles_are_errors(tmp_path, text, needle):
     with pytest.raises(dfile.DockerfileError, match="Dockerfile:") as info:
         _plan(tmp_path, text)
     assert needle in str(info.value)
+
+
+def _host_has_deb(name: str) -> bool:
+    proc = subprocess.run(["dpkg-query", "-W", "-f", "${db:Status-Abbrev}", name],
+                          capture_output=True, text=True)
+    return proc.stdout.startswith("ii")
+
+
+def _host_has_dist(name: str) -> bool:
+    return subprocess.run(["/usr/bin/python3", "-c", f"import importlib.metadata as m; "
+                           f"m.distribution({name!r})"], capture_output=True).returncode == 0
+
+
+def test_installs_the_host_already_has_are_skipped_with_a_note(tmp_path):
+    assert _host_has_deb("bash") and _host_has_deb("coreutils") and _host_has_dist("pip")
+    plan = _plan(tmp_path, "FROM ubuntu:24.04\nWORKDIR /app\n"
+                 "RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y bash "
+                 "coreutils && rm -rf /var/lib/apt/lists/* && echo built > built.txt\n"
+                 "RUN pip install --no-cache-dir pip\n")
+    runs = [s.command for s in plan.steps if isinstance(s, dfile.RunStep)]
+    assert runs == ["mkdir -p /app", "echo built > built.txt"]    # the rest kept, as written
+    assert plan.notes == (
+        "Dockerfile:3: skipped the install of bash, coreutils: the host has them",
+        "Dockerfile:4: skipped the install of pip: the host has them")
+
+
+def test_ubuntu_package_names_map_to_debian():
+    from tr.envs.tasks import packages
+
+    assert [packages.debian_name(n) for n in ("libasound2t64", "python3.12-venv", "jq",
+                                              "libgl1-mesa-glx")] == [
+        "libasound2", "python3-venv", "jq", "libgl1"]
+    assert packages.split_commands("a && b 'c && d'; e\nf || g") == [
+        "a", "b 'c && d'", "e", "f || g"]
 
 
 def test_copy_destinations_resolve_against_workdir(tmp_path):
@@ -386,7 +424,7 @@ def test_docker_only_task_refuses_the_local_backend_clearly(tmp_path):
     (task_dir / "instruction.md").write_text("Use jq.\n")
     (task_dir / "tests" / "test_x.py").write_text("def test_x():\n    pass\n")
     (task_dir / "environment" / "Dockerfile").write_text(
-        "FROM ubuntu:24.04\nWORKDIR /app\nRUN apt-get update && apt-get install -y jq\n")
+        "FROM ubuntu:24.04\nWORKDIR /app\nRUN apt-get update && apt-get install -y tr-no-such-pkg\n")
     task = load_task(task_dir)
     with pytest.raises(runner.NeedsDocker, match=r"Dockerfile:3: .*needs the Docker backend"):
         runner.run_task(task, "none", "local")
@@ -435,3 +473,21 @@ def test_final_workdir_even_for_docker_only_dockerfiles(tmp_path):
     assert dfile.final_workdir(tmp_path / "Dockerfile") == "/srv/app"
     (tmp_path / "Dockerfile").write_text("FROM ubuntu:24.04\nRUN true\n")
     assert dfile.final_workdir(tmp_path / "Dockerfile") is None
+
+
+def test_local_run_skips_installs_the_host_has_and_records_it(tmp_path):
+    task_dir = tmp_path / "has-bash"
+    (task_dir / "environment").mkdir(parents=True)
+    (task_dir / "tests").mkdir()
+    (task_dir / "task.toml").write_text('[metadata]\ndifficulty = "easy"\n')
+    (task_dir / "instruction.md").write_text("x\n")
+    (task_dir / "tests" / "test_x.py").write_text(
+        "from pathlib import Path\n\ndef test_rest_of_run_ran():\n"
+        "    assert Path('/app/made.txt').read_text() == 'made\\n'\n")
+    (task_dir / "environment" / "Dockerfile").write_text(
+        "FROM debian:12\nWORKDIR /app\nRUN apt-get update && apt-get install -y bash && "
+        "echo made > made.txt\n")
+    result, _ = runner.run_task(load_task(task_dir), "none", "local")
+    assert result.error is None and result.strict_pass, result.log
+    assert result.notes == ("Dockerfile:3: skipped the install of bash: the host has them",)
+    assert type(result).from_json(result.to_json()) == result

@@ -119,7 +119,7 @@ def test_verify_docker_only_task_on_local_says_to_use_docker(tmp_path):
     (task_dir / "instruction.md").write_text("Use jq.\n")
     (task_dir / "tests" / "test_x.py").write_text("def test_x():\n    pass\n")
     (task_dir / "environment" / "Dockerfile").write_text(
-        "FROM ubuntu:24.04\nRUN apt-get install -y jq\n")
+        "FROM ubuntu:24.04\nRUN apt-get install -y tr-no-such-pkg\n")
     proc = cli("verify", task_dir, "--attempt", "none", "--backend", "local")
     assert proc.returncode == 2 and "--backend docker" in proc.stderr
     assert_no_traceback(proc)

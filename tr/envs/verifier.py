@@ -58,6 +58,8 @@ class VerifierResult:
     task_id: str = ""
     family: str = ""
     tier: str = ""
+    notes: tuple[str, ...] = ()   # how the environment differs from the task's own (a stand-in
+    #                               base image, skipped installs), one line each
 
     @property
     def failed_verifier(self) -> bool:
@@ -79,6 +81,7 @@ class VerifierResult:
             raise ValueError(f"VerifierResult: unknown fields {unknown}")
         data = dict(data)
         data["checks"] = tuple(Check(**c) for c in data.get("checks", ()))
+        data["notes"] = tuple(data.get("notes", ()))
         return cls(**data)
 
     @classmethod

@@ -36,16 +36,16 @@ def _tail(text: str, limit: int) -> str:
     return text if len(text) <= limit else "…" + text[-limit:]
 
 
-def _local_note(task) -> str | None:
+def _local_notes(task) -> list[str]:
     from tr.envs.tasks import runner
 
     try:
-        runner.local_plan(task)
+        plan = runner.local_plan(task)
     except runner.NeedsDocker as exc:
-        return f"runs on the Docker backend only: {exc}"
+        return [f"runs on the Docker backend only: {exc}"]
     except runner.TaskEnvironmentError as exc:
-        return f"Dockerfile problem: {exc}"
-    return None
+        return [f"Dockerfile problem: {exc}"]
+    return [f"local backend: {n}" for n in plan.notes] if plan is not None else []
 
 
 def cmd_validate(args) -> int:
@@ -62,7 +62,7 @@ def cmd_validate(args) -> int:
         task = loader.load_task(task_dir)
         print(f"ok   {task_dir}  ({task.layout}, {task.family}, {task.tier}, "
               f"{task.verifier.kind})")
-        for note in (task.verifier.note, _local_note(task)):
+        for note in (task.verifier.note, *_local_notes(task)):
             if note:
                 print(f"  note: {note}")
     print(f"{len(dirs) - bad} valid, {bad} invalid")
@@ -85,7 +85,7 @@ def cmd_verify(args) -> int:
     except ValueError as exc:  # e.g. no partial attempt for this task
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    notes = [n for n in (task.verifier.note,) if n]
+    notes = [n for n in (task.verifier.note, *result.notes) if n]
     if args.json:
         data = result.to_dict()
         data.update(attempt=args.attempt, backend=args.backend, layout=task.layout, notes=notes,

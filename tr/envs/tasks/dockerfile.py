@@ -93,6 +93,7 @@ class LocalPlan:
     workdir: str  # the final WORKDIR
     env: dict[str, str]  # the final ENV
     steps: tuple[CopyStep | RunStep, ...]
+    notes: tuple[str, ...] = ()   # RUN installs skipped because the host has the packages
 
 
 def parse(text: str, path: Path | str = "Dockerfile") -> list[Instruction]:
@@ -176,6 +177,7 @@ def plan(dockerfile: Path, context: Path, default_workdir: str = "/") -> LocalPl
     env: dict[str, str] = {}
     args: dict[str, str] = {}
     steps: list[CopyStep | RunStep] = []
+    notes: list[str] = []
     for ins in instructions:
         variables = {**args, **env}
         if ins.keyword == "FROM":
@@ -221,10 +223,10 @@ def plan(dockerfile: Path, context: Path, default_workdir: str = "/") -> LocalPl
             if command.startswith("--"):
                 raise NeedsDocker(dockerfile, ins.lineno, ins.text, "RUN flags (--mount, "
                                   "--network) need BuildKit")
-            hit = _NETWORK.search(command)
-            if hit:
-                raise NeedsDocker(dockerfile, ins.lineno, ins.text, f"`{hit.group(0)}` needs the "
-                                  "network or a package install")
+            if _NETWORK.search(command):
+                command = _without_installs(dockerfile, ins, command, notes)
+                if command is None:
+                    continue
             steps.append(RunStep(ins.lineno, command, workdir, {**args, **env}))
         elif ins.keyword in ("COPY", "ADD"):
             steps.append(_copy_step(dockerfile, context, ins, workdir, variables))
@@ -240,7 +242,46 @@ def plan(dockerfile: Path, context: Path, default_workdir: str = "/") -> LocalPl
                               "on the local backend")
     if base is None:
         raise DockerfileError(dockerfile, 1, "no FROM instruction")
-    return LocalPlan(base_image=base, workdir=workdir, env=env, steps=tuple(steps))
+    return LocalPlan(base_image=base, workdir=workdir, env=env, steps=tuple(steps),
+                     notes=tuple(notes))
+
+
+def _without_installs(dockerfile: Path, ins: Instruction, command: str,
+                      notes: list[str]) -> str | None:
+    """A RUN whose package installs the host already has: those parts dropped (a note says so),
+    the rest kept (None when nothing is left).  NeedsDocker names missing packages and what to
+    do, or the part that needs the network."""
+    from tr.envs.tasks import packages
+
+    kept, apt, pip = [], [], []
+    for part in packages.split_commands(command):
+        request = packages.install_request(part)
+        if request is None:
+            hit = _NETWORK.search(part)
+            if hit:
+                raise NeedsDocker(dockerfile, ins.lineno, ins.text, f"`{hit.group(0)}` needs the "
+                                  "network or a package install")
+            kept.append(part)
+        elif request[0] == "apt":
+            apt.extend(request[1])
+        elif request[0] == "pip":
+            pip.extend(request[1])
+    missing_apt, missing_pip = packages.missing_apt(apt), packages.missing_pip(pip)
+    if missing_apt or missing_pip:
+        what = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in
+                         (("apt", missing_apt), ("pip", missing_pip)) if names)
+        todo = " and ".join(cmd for cmd, names in (
+            (f"`apt-get install -y {' '.join(packages.debian_name(n) for n in missing_apt)}`",
+             missing_apt),
+            (f"`/usr/bin/python3 -m pip install {' '.join(missing_pip)}`", missing_pip)) if names)
+        raise NeedsDocker(dockerfile, ins.lineno, ins.text, f"installs packages this host does "
+                          f"not have ({what}); run it with --backend docker, or install them on "
+                          f"the host ({todo}) to run it locally")
+    have = ", ".join([*apt, *pip])
+    notes.append(f"{dockerfile.name}:{ins.lineno}: skipped the install of "
+                 f"{have or 'nothing (apt-get update)'}: the host has "
+                 f"{'them' if have else 'what the sandbox uses'}")
+    return " && ".join(kept) if kept else None
 
 
 def final_workdir(dockerfile: Path) -> str | None:

@@ -289,7 +289,26 @@ def verify(task: Task, sandbox, workdir: str | None = None) -> vr.VerifierResult
     else:
         result = vr.result_from_reward(files, exit_code=run.exit_code, timed_out=run.timed_out,
                                        log=run.output, duration_s=duration)
-    return result.with_task(task.id, task.family, task.tier)
+    result = result.with_task(task.id, task.family, task.tier)
+    notes = environment_notes(task, sandbox)
+    return dataclasses.replace(result, notes=tuple(notes)) if notes else result
+
+
+IMAGE_NOTES: dict[str, tuple[str, ...]] = {}   # task image tag -> how it was made (this process)
+
+
+def environment_notes(task: Task, sandbox=None, backend: str | None = None) -> list[str]:
+    """How the environment differs from the task's own: installs skipped on the local backend,
+    a stand-in base image on Docker."""
+    backend = backend or getattr(sandbox, "backend", "local")
+    if backend == "local":
+        try:
+            plan = local_plan(task)
+        except TaskEnvironmentError:
+            return []
+        return list(plan.notes) if plan is not None else []
+    image = getattr(getattr(sandbox, "config", None), "image", None)
+    return list(IMAGE_NOTES.get(image, ()))
 
 
 def _with_reward(result: vr.VerifierResult, files: dict[str, str]) -> vr.VerifierResult:
