@@ -112,9 +112,15 @@ def docker_image(task: Task) -> str | None:
     """The Docker image a task runs in: built from its Dockerfile, or the one it names."""
     env = task.environment
     if env.kind == "dockerfile":
+        import sys
+
         from tr.envs import images
 
-        return images.build_task_image(env.dockerfile, env.dockerfile.parent)
+        notes: list[str] = []
+        tag = images.build_task_image(env.dockerfile, env.dockerfile.parent, notes=notes,
+                                      log=lambda m: print(f"[image] {m}", file=sys.stderr))
+        IMAGE_NOTES[tag] = tuple(notes)
+        return tag
     return env.docker_image
 
 
