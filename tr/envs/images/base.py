@@ -347,8 +347,9 @@ def _rewrite(client, dockerfile: Path, log, notes: list) -> tuple[str, list[str]
     return "\n".join(out) + "\n", replaced
 
 
-_APT_MISSING = re.compile(r"(?:Unable to locate package|Package '?)(\S+?)'?(?: has no installation "
+_APT_MISSING = re.compile(r"(?:Unable to locate package |Package ')(\S+?)'?(?: has no installation "
                           r"candidate|$)", re.M)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _build_task(client, dockerfile: Path, context: Path, log: Callable[[str], None], notes: list,
@@ -370,28 +371,45 @@ def _build_task(client, dockerfile: Path, context: Path, log: Callable[[str], No
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
     buf.seek(0)
-    log(f"building {dockerfile} as {tag} (network {'on' if network else 'off'})")
+    modes = [os.environ["TR_BUILD_NETWORK"]] if os.environ.get("TR_BUILD_NETWORK") else (
+        (["host"] if _BRIDGE_BROKEN else ["default", "host"]) if network else ["none"])
+    for mode in modes:
+        buf.seek(0)
+        log(f"building {dockerfile} as {tag} (build network: {mode})")
+        error, lines = _run_build(client, buf, tag, mode, log)
+        if error is None or not _NO_BRIDGE.search(error):
+            break
+        _BRIDGE_BROKEN.append(True)
+        log(f"the engine's bridge network is unusable here ({error.strip()[:120]}); "
+            "building with the host's network")
+    if error is None and _image_exists(client, tag):
+        return tag
+    raise RuntimeError(_build_error(dockerfile, error or "no image was produced", lines, replaced))
+
+
+_BRIDGE_BROKEN: list = []   # set once this process saw the engine's bridge fail
+_NO_BRIDGE = re.compile(r"failed to create endpoint|bridge|network .* not found", re.I)
+
+
+def _run_build(client, buf, tag: str, network_mode: str, log) -> tuple[str | None, list[str]]:
+    """One `docker build` of the prepared context: (error or None, output lines)."""
     lines: list[str] = []
-    error = None
     try:
         for event in client.api.build(fileobj=buf, custom_context=True,
                                       dockerfile=".tr.Dockerfile", tag=tag, rm=True, forcerm=True,
-                                      network_mode="default" if network else "none",
-                                      labels={LABEL: "task"}, decode=True):
+                                      network_mode=network_mode, labels={LABEL: "task"},
+                                      decode=True):
             if "stream" in event:
-                for ln in event["stream"].splitlines():
+                for ln in _ANSI.sub("", event["stream"]).splitlines():
                     if ln.strip():
                         lines.append(ln)
                         if ln.startswith("Step "):
                             log(f"  {ln[:160]}")
             if "error" in event:
-                error = event["error"]
-                break
+                return event["error"], lines
     except Exception as e:  # noqa: BLE001
-        error = f"{type(e).__name__}: {e}"
-    if error is None and _image_exists(client, tag):
-        return tag
-    raise RuntimeError(_build_error(dockerfile, error or "no image was produced", lines, replaced))
+        return f"{type(e).__name__}: {e}", lines
+    return None, lines
 
 
 def _build_error(dockerfile: Path, error: str, lines: list[str], replaced: list[str]) -> str:

@@ -5,7 +5,8 @@
 :data:`MIRROR` (``mmdebstrap`` or ``debootstrap`` when installed; else the ``debootstrap`` package
 is fetched from the same mirror and run from a cache folder) with :data:`PACKAGES` -- apt, python3
 (also as ``python``), pip and venv -- so a Dockerfile's ``RUN apt-get install …`` and ``pip
-install …`` work at build time.  pip installs system-wide as in a python image (Debian's
+install …`` work at build time.  The host's own added certificate authorities
+(``/usr/local/share/ca-certificates``) are trusted in it too.  pip installs system-wide as in a python image (Debian's
 ``EXTERNALLY-MANAGED`` marker is removed).  The tag is a hash of the recipe (suite, mirror,
 packages, version), so it is built once per machine: a file lock makes concurrent callers wait for
 one build, and later ones find the image.  Bootstrapping needs root (debootstrap chroots).
@@ -40,8 +41,18 @@ IMPORT_CHANGES = [
 DESCRIPTION = f"Debian {SUITE} minbase + python3 (python), pip, venv, curl"
 
 
+LOCAL_CAS = Path("/usr/local/share/ca-certificates")
+
+
+def _local_cas() -> list[Path]:
+    """Certificate authorities this host's admin added (a TLS-inspecting proxy's, a company's):
+    the stand-in trusts them too, or `pip install` at build time fails where the host's works."""
+    return sorted(p for p in LOCAL_CAS.rglob("*.crt") if p.is_file()) if LOCAL_CAS.is_dir() else []
+
+
 def standin_tag() -> str:
-    h = hashlib.sha256(repr((RECIPE_VERSION, SUITE, MIRROR, PACKAGES)).encode()).hexdigest()[:12]
+    cas = [(p.name, p.read_bytes()) for p in _local_cas()]
+    h = hashlib.sha256(repr((RECIPE_VERSION, SUITE, MIRROR, PACKAGES, cas)).encode()).hexdigest()[:12]
     return f"{STANDIN_REPO}:{h}"
 
 
@@ -116,7 +127,7 @@ def _build(client, tag: str, log) -> None:
     with tempfile.TemporaryDirectory(prefix="tr-debian-", dir=cache_dir()) as tmp:
         root, tar = Path(tmp) / "rootfs", Path(tmp) / "rootfs.tar"
         include = "--include=" + ",".join(PACKAGES)
-        if tool[-1].endswith("mmdebstrap"):
+        if tool[-1].endswith("mmdebstrap") and os.geteuid() != 0:
             cmd = [*tool, "--variant=minbase", include,
                    '--customize-hook=rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED',
                    SUITE, str(tar), MIRROR]
@@ -150,3 +161,11 @@ def _finish(root: Path) -> None:
         f"deb {MIRROR} {SUITE} main\ndeb {MIRROR} {SUITE}-updates main\n"
         f"deb {MIRROR}-security {SUITE}-security main\n")
     (root / "etc" / "hostname").write_text("tr-sandbox\n")
+    cas = _local_cas()
+    if cas:
+        dest = root / "usr" / "local" / "share" / "ca-certificates"
+        dest.mkdir(parents=True, exist_ok=True)
+        for ca in cas:
+            shutil.copyfile(ca, dest / ca.name)
+        subprocess.run(["chroot", str(root), "update-ca-certificates"], check=True,
+                       capture_output=True)
