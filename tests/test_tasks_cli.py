@@ -140,7 +140,8 @@ def _failing_solution_task(tmp_path) -> Path:
     (task_dir / "task.toml").write_text('[metadata]\ndifficulty = "easy"\n')
     (task_dir / "instruction.md").write_text("Write /app/out.\n")
     (task_dir / "solution" / "solve.sh").write_text(
-        "#!/bin/bash\necho first-step-ran\necho missing-tool-marker >&2\nexit 7\n")
+        "#!/bin/bash\necho first-step-ran\necho missing-tool-marker >&2\n"
+        "curl -sS https://tr-no-such-host.invalid/get-pip.py\nexit 7\n")
     (task_dir / "tests" / "test_outputs.py").write_text(
         "def test_out():\n    print('verifier-log-marker')\n    assert open('/app/out').read()\n")
     return task_dir
@@ -153,6 +154,8 @@ def test_verify_shows_a_failing_solution_commands_output_and_the_verifier_log(tm
     assert "--- turn 1: /bin/bash /solution/solve.sh  (exit code 7)" in proc.stdout
     assert "first-step-ran" in proc.stdout and "missing-tool-marker" in proc.stdout
     assert "--- verifier log" in proc.stdout and "verifier-log-marker" in proc.stdout
+    assert ("note: turn 1 could not reach tr-no-such-host.invalid: the agent's runtime is offline "
+            "by default; rerun with --network") in proc.stdout
     data = json.loads(cli("verify", task_dir, "--json").stdout)
     assert "missing-tool-marker" in data["turns"][0]["output"]
 

@@ -301,7 +301,8 @@ class DockerSandbox(ShellSandbox):
                    docker.types.Ulimit(name="core", soft=0, hard=0)]
         self.container = self.client.containers.create(
             self.image, command=["/bin/sh", "-c", KEEPER], entrypoint=[], detach=True,
-            network_mode="bridge" if cfg.network else "none", hostname="tr-sandbox",
+            network_mode=os.environ.get("TR_DOCKER_NETWORK", "bridge") if cfg.network else "none",
+            hostname="tr-sandbox",
             mem_limit=cfg.memory_mb * mb, memswap_limit=cfg.memory_mb * mb,
             pids_limit=cfg.pids, nano_cpus=int(cfg.cpus * 1e9), ulimits=ulimits,
             mounts=mounts, environment=env, working_dir=cfg.workdir,

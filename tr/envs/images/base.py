@@ -412,13 +412,39 @@ def _run_build(client, buf, tag: str, network_mode: str, log) -> tuple[str | Non
     return None, lines
 
 
+_NET_FAIL = re.compile(r"Could not resolve host|Name or service not known|Temporary failure in "
+                       r"name resolution|Failed to establish a new connection|Could not fetch URL|"
+                       r"unable to access|Connection refused|Network is unreachable|timed out", re.I)
+_HOST = re.compile(r"(?:https?|git|ftp)://([A-Za-z0-9.-]+\.[A-Za-z]{2,})|Could not resolve host:? "
+                   r"'?([A-Za-z0-9.-]+\.[A-Za-z]{2,})|host=?'([A-Za-z0-9.-]+\.[A-Za-z]{2,})'")
+
+
+def unreachable_hosts(lines: list[str]) -> list[str]:
+    """Hosts a failing build (or script) could not reach, from its output lines."""
+    hosts: list[str] = []
+    for i, line in enumerate(lines):
+        if not _NET_FAIL.search(line):
+            continue
+        found = [next(g for g in m.groups() if g) for m in _HOST.finditer(line)]
+        for back in range(i - 1, max(-1, i - 4), -1):    # pip names only the path: look back
+            if found:
+                break
+            found = [next(g for g in m.groups() if g) for m in _HOST.finditer(lines[back])][-1:]
+        hosts.extend(h for h in found if h not in hosts)
+    return hosts
+
+
 def _build_error(dockerfile: Path, error: str, lines: list[str], replaced: list[str]) -> str:
     """One message: what failed, the build output's tail, and what would make it build."""
     from tr.envs.images import debian
     tail = "\n".join(lines[-25:])
     message = f"building {dockerfile} failed: {error.strip()}\n--- build output (tail)\n{tail}"
     missing = sorted({m.group(1) for m in _APT_MISSING.finditer(tail)} - {""})
-    if missing and replaced:
+    hosts = unreachable_hosts(lines)
+    if hosts:
+        message += (f"\n=> the build could not reach {', '.join(hosts)} from this machine: run it "
+                    "where that host is reachable (or give the image prebuilt: docker load)")
+    elif missing and replaced:
         message += (f"\n=> apt package(s) {', '.join(missing)} do not exist in Debian "
                     f"{debian.SUITE}, the stand-in for {', '.join(replaced)}: make the real image "
                     f"available (docker pull {replaced[0]}, or docker load) or use the Debian "

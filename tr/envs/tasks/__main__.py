@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from tr.envs.images.base import unreachable_hosts
 from tr.envs.tasks import loader
 from tr.envs.tasks.model import TaskError
 
@@ -78,7 +79,12 @@ def cmd_verify(args) -> int:
         print(str(exc), file=sys.stderr)
         return EXIT_ERROR
     try:
-        result, turns = runner.run_task(task, args.attempt, args.backend)
+        base = None
+        if args.network:
+            from tr.envs.sandbox import SandboxConfig
+
+            base = SandboxConfig(network=True)
+        result, turns = runner.run_task(task, args.attempt, args.backend, base_config=base)
     except runner.NeedsDocker as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -104,6 +110,10 @@ def cmd_verify(args) -> int:
                 command = commands[index] if index < len(commands) else "?"
                 print(f"--- turn {index + 1}: {command.splitlines()[0][:120]}  ({status})")
                 print(_tail(turn.output, 3000) or "(no output)")
+                hosts = unreachable_hosts(turn.output.splitlines()) if failed else []
+                if hosts and not args.network:
+                    print(f"note: turn {index + 1} could not reach {', '.join(hosts)}: the agent's "
+                          "runtime is offline by default; rerun with --network to give it one")
         for note in notes:
             print(f"note: {note}")
         for check in result.checks:
@@ -118,6 +128,10 @@ def cmd_verify(args) -> int:
         if (result.error or not result.strict_pass or args.verbose) and result.log:
             print("--- verifier log (tail)")
             print(_tail(result.log, 4000))
+            hosts = unreachable_hosts(result.log.splitlines())
+            if hosts and not result.strict_pass:
+                print(f"note: the tests could not reach {', '.join(hosts)} (the runtime is "
+                      f"{'given the network' if args.network else 'offline; try --network'})")
     if result.error:
         return EXIT_ERROR
     return EXIT_OK if result.strict_pass else EXIT_FAIL
@@ -156,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attempt", choices=("solution", "partial", "none"), default="solution")
     p.add_argument("--backend", choices=("local", "docker"), default="local")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--network", action="store_true",
+                   help="give the agent's runtime the network (default: offline; a task's own "
+                        "allow_internet wins; on Docker the mode is $TR_DOCKER_NETWORK, default "
+                        "bridge)")
     p.add_argument("--verbose", "-v", action="store_true",
                    help="print every solution command's output and the verifier log")
     p.set_defaults(func=cmd_verify)
