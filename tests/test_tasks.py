@@ -36,6 +36,7 @@ MALFORMED_DIRS = sorted(p for p in MALFORMED.iterdir() if p.is_dir())
         ("tr-count-errors", "tr", "log-analysis", "easy", "pytest", (60.0, 10, 60.0)),
         ("tb1-py-inventory", "tb1", "software-engineering", "easy", "pytest", (90.0, 50, 45.0)),
         ("harbor-dedupe-lines", "harbor", "text-processing", "easy", "pytest", (100.0, 50, 40.0)),
+        ("tb1-greet-summary", "tb1", "scripting", "easy", "output", (60.0, 50, 30.0)),
     ],
 )
 def test_fixture_tasks_load_with_their_metadata(name, layout, family, tier, kind, budgets):
@@ -324,7 +325,7 @@ def test_verifier_command_is_offline_pytest_with_a_junit_report():
 # ---------------------------------------------------------------- end to end, local sandbox
 
 EXTERNAL = ["tb1-word-count", "tb1-fix-config", "harbor-csv-total", "harbor-archive-logs",
-            "tb1-py-inventory", "harbor-dedupe-lines"]
+            "tb1-py-inventory", "harbor-dedupe-lines", "tb1-greet-summary"]
 
 
 @pytest.mark.parametrize("name", EXTERNAL + ["tr-count-errors"])
@@ -491,3 +492,17 @@ def test_local_run_skips_installs_the_host_has_and_records_it(tmp_path):
     assert result.error is None and result.strict_pass, result.log
     assert result.notes == ("Dockerfile:3: skipped the install of bash: the host has them",)
     assert type(result).from_json(result.to_json()) == result
+
+
+def test_a_printed_short_test_summary_is_read_like_terminal_bench_does():
+    from tr.envs import verifier as vr
+
+    out = ("noise\nPASSED fake_before_summary\n"
+           "==================== short test summary info ====================\n"
+           "PASSED tests/test_a.py::test_one\nFAILED tests/test_a.py::test_two - boom\n"
+           "SKIPPED tests/test_a.py::test_three\n=== 1 failed, 1 passed ===\n")
+    result = vr.result_from_summary(out, exit_code=1, timed_out=False)
+    assert [(c.name, c.outcome) for c in result.checks] == [
+        ("test_one", "passed"), ("test_three", "skipped"), ("test_two", "failed")]
+    assert (result.matched, result.executed, result.strict_pass) == (1, 2, False)
+    assert vr.result_from_summary("PASSED x\n", exit_code=0, timed_out=False).error == "parse_error"

@@ -25,7 +25,7 @@ def assert_no_traceback(proc):
 def test_validate_good_tasks_exits_zero():
     proc = cli("validate", TASKS)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "7 valid, 0 invalid" in proc.stdout
+    assert "8 valid, 0 invalid" in proc.stdout
     assert "installs pytest over the network" in proc.stdout  # the offline replacement is noted
 
 
@@ -58,11 +58,12 @@ def test_list_prints_family_and_tier_table():
         "harbor-csv-total": ["data-processing", "medium", "harbor"],
         "harbor-dedupe-lines": ["text-processing", "easy", "harbor"],
         "tb1-py-inventory": ["software-engineering", "easy", "tb1"],
+        "tb1-greet-summary": ["scripting", "easy", "tb1"],
         "tb1-fix-config": ["system-administration", "medium", "tb1"],
         "tb1-word-count": ["file-operations", "easy", "tb1"],
         "tr-count-errors": ["log-analysis", "easy", "tr"],
     }
-    assert lines[-1] == "7 tasks"
+    assert lines[-1] == "8 tasks"
 
 
 def test_list_defaults_to_the_built_in_suite():

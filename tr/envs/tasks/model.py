@@ -9,7 +9,7 @@ from pathlib import Path
 
 TIERS = ("easy", "medium", "hard", "extreme")
 LAYOUTS = ("tr", "harbor", "tb1")
-VERIFIER_KINDS = ("pytest", "reward_file")
+VERIFIER_KINDS = ("pytest", "reward_file", "output")
 TASK_ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
 DEFAULT_AGENT_TIMEOUT_S = 600.0
@@ -72,7 +72,7 @@ class Environment:
 class VerifierSpec:
     """What to run after the agent: pytest files, or a script that writes a reward file."""
 
-    kind: str  # 'pytest' | 'reward_file'
+    kind: str  # 'pytest' | 'reward_file' | 'output' (a TB1 script's printed pytest-style summary)
     test_files: tuple[str, ...] = ()  # relative to tests_dir (pytest)
     script: str | None = None  # relative to tests_dir (reward_file)
     final_gate: str | None = None

@@ -262,8 +262,11 @@ def verifier_command(task: Task, workdir: str) -> str:
     if spec.script_text is not None:
         # the task's own script, as written but for the pytest lines (testscript.rewrite),
         # read by the verifier's own shell: no `bash` of the sandbox starts it
-        return (f"{cd}export TEST_DIR={TESTS_MOUNT} PYTHONDONTWRITEBYTECODE=1 "
-                f"PYTEST_DISABLE_PLUGIN_AUTOLOAD=1\n{spec.script_text}")
+        head = (f"{cd}export TEST_DIR={TESTS_MOUNT} PYTHONDONTWRITEBYTECODE=1 "
+                f"PYTEST_DISABLE_PLUGIN_AUTOLOAD=1\n")
+        if spec.kind == "output":     # its printed summary is the result: kept whole in a file
+            return f"{head}( {spec.script_text}\n) > {RESULTS_DIR}/{vr.OUTPUT_FILENAME} 2>&1"
+        return head + spec.script_text
     if spec.kind == "pytest":
         files = " ".join(shlex.quote(f"{TESTS_MOUNT}/{rel}") for rel in spec.test_files)
         return (f"{cd}TEST_DIR={TESTS_MOUNT} PYTHONDONTWRITEBYTECODE=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "
@@ -292,6 +295,9 @@ def verify(task: Task, sandbox, workdir: str | None = None) -> vr.VerifierResult
             log=run.output, duration_s=duration, final_gate=task.verifier.final_gate,
             required=task.verifier.required)
         result = _with_reward(result, files)
+    elif task.verifier.kind == "output":
+        result = vr.result_from_summary(files.get(vr.OUTPUT_FILENAME), exit_code=run.exit_code,
+                                        timed_out=run.timed_out, duration_s=duration)
     else:
         result = vr.result_from_reward(files, exit_code=run.exit_code, timed_out=run.timed_out,
                                        log=run.output, duration_s=duration)
@@ -336,7 +342,7 @@ def _read_results(out: Path) -> dict[str, str]:
     """The result files the verifier wrote: each read from exactly one path, the top of the
     copied-out results folder (a file of that name anywhere below it is not a result)."""
     found: dict[str, str] = {}
-    for name in (vr.JUNIT_FILENAME, *vr.REWARD_FILENAMES):
+    for name in (vr.JUNIT_FILENAME, vr.OUTPUT_FILENAME, *vr.REWARD_FILENAMES):
         path = out / name
         if path.is_file() and not path.is_symlink():
             found[name] = path.read_text(encoding="utf-8", errors="replace")

@@ -137,9 +137,16 @@ def _verifier(task_dir: Path, problems: list[Problem]) -> VerifierSpec | None:
     if script is None:
         return None
     if not checks.runs_pytest_or_harness(script):
-        problems.append(Problem("run-tests.sh", None, "does not run pytest; only pytest-based "
-                                "Terminal-Bench 1 tests are supported"))
-        return None
+        from tr.envs.tasks import testscript
+
+        if "short test summary info" not in script:
+            problems.append(Problem("run-tests.sh", None, "does not run pytest nor print a "
+                                    "pytest-style 'short test summary info'; Terminal-Bench 1's "
+                                    "pytest parser would find no result"))
+            return None
+        return VerifierSpec(kind="output", script_text=testscript.rewrite(
+            script, junit="/logs/verifier/junit.xml").text, note="run-tests.sh runs as written; "
+            "its printed 'short test summary info' is the result (Terminal-Bench 1's parser)")
     spec = checks.pytest_spec_from_script(script, "run-tests.sh", tests_dir)
     if not spec.test_files:
         problems.append(Problem("tests/", None, "no tests: expected test_*.py files"))
