@@ -286,6 +286,10 @@ def test_harbor_environment_limits_and_network_reach_the_sandbox_config():
     env = task.environment
     assert (env.cpus, env.memory_mb, env.storage_mb, env.network, env.build_timeout_s) == (
         1.0, 1024, 2048, False, 300.0)
+    assert task.verifier.env == (("EXPECTED_NAMES", "ada bob cy"),)
+    assert task.solution_env == (("DEDUPE_INPUT", "/app/names.txt"),)
+    assert runner.attempt_turns(task, "solution") == [
+        "DEDUPE_INPUT=/app/names.txt /bin/bash /solution/solve.sh"]
     base = SandboxConfig(network=True, memory_mb=4096, disk_mb=512, cpus=2.0)
     docker = runner._with_limits(task, base, "docker")   # (sandbox_config would build the image)
     assert (docker.network, docker.memory_mb, docker.disk_mb, docker.cpus) == (

@@ -99,6 +99,7 @@ def load(task_dir: Path, *, deep: bool = False) -> tuple[Task | None, list[Probl
         id=task_id, family=family, tier=tier, instruction=instruction, environment=environment,
         tests_dir=task_dir / "tests", verifier=spec, budgets=budgets, solution=solution,
         source_dir=task_dir, layout=layout, partial=partial, tags=tags,
+        solution_env=f.string_table("solution.env") if layout == "harbor" else (),
     ), problems
 
 
@@ -199,7 +200,8 @@ def _verifier(task_dir: Path, f: FieldReader, layout: str, problems: list[Proble
         if checks.runs_pytest(script) and test_files:
             spec = checks.pytest_spec_from_script(script, "tests/test.sh", tests_dir)
         else:
-            spec = VerifierSpec(kind="reward_file", script="test.sh")
+            spec = VerifierSpec(kind="reward_file", script="test.sh",
+                                env=f.string_table("verifier.env"))
             if deep:
                 problems.extend(checks.solution_problems(test_sh, "tests/test.sh", script,
                                                          as_turns=False))
@@ -211,7 +213,8 @@ def _verifier(task_dir: Path, f: FieldReader, layout: str, problems: list[Proble
         problems.append(Problem("tests/", None, f"no tests: expected {expected}"))
         return None
     spec = VerifierSpec(kind=spec.kind, test_files=spec.test_files, final_gate=final_gate,
-                        required=required, note=spec.note, script_text=spec.script_text)
+                        required=required, note=spec.note, script_text=spec.script_text,
+                        env=f.string_table("verifier.env") if layout == "harbor" else ())
     file_problems, names = checks.test_file_problems(tests_dir, spec.test_files, "tests")
     problems.extend(file_problems)
     if not file_problems:

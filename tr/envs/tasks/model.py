@@ -79,6 +79,7 @@ class VerifierSpec:
     required: tuple[str, ...] | None = None
     note: str = ""  # e.g. which lines of run-tests.sh tr serves itself
     script_text: str | None = None  # the task's test script as run (testscript.rewrite), if any
+    env: tuple[tuple[str, str], ...] = ()  # Harbor [verifier].env: exported for the verifier
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ class Task:
     layout: str
     partial: Path | None = None
     tags: tuple[str, ...] = field(default_factory=tuple)
+    solution_env: tuple[tuple[str, str], ...] = ()   # Harbor [solution].env
 
     @property
     def verifier_kind(self) -> str:

@@ -216,7 +216,8 @@ def attempt_turns(task: Task, attempt: str) -> list[str]:
 
         return solution_commands(text)[0]
     interpreter = " ".join(shlex.quote(w) for w in script_interpreter(text))
-    return [f"{interpreter} {_solution_dir(task)}/{path.name}"]
+    env = "".join(f"{k}={shlex.quote(v)} " for k, v in task.solution_env)
+    return [f"{env}{interpreter} {_solution_dir(task)}/{path.name}"]
 
 
 def _solution_dir(task: Task) -> str:
@@ -259,6 +260,8 @@ def verifier_command(task: Task, workdir: str) -> str:
     those are the agent's to replace."""
     spec = task.verifier
     cd = f"cd {shlex.quote(workdir)} && "
+    if spec.env:      # Harbor [verifier].env (names checked by the loader)
+        cd += "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env) + " && "
     if spec.script_text is not None:
         # the task's own script, as written but for the pytest lines (testscript.rewrite),
         # read by the verifier's own shell: no `bash` of the sandbox starts it
