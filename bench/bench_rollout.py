@@ -6,7 +6,11 @@ where episode time goes: sandboxes (set-up + commands + snapshot + verifier), sa
 for and running the policy, batching included) and bookkeeping (the rest: harness, records,
 tokenisation), as shares of the summed episode wall time.
 
+Rows for two suites, same process: the built-in suite (pytest verifiers) and the gym's test split
+(`tr.envs.gym`, stdlib check runner; issue 11's target is >= 10 verified episodes/s at 8).
+
     .venv/bin/python bench/bench_rollout.py [--concurrency 1 8] [--repeats 3] [--backend local]
+                                            [--suites builtin gym] [--gym-count 64]
 """
 
 from __future__ import annotations
@@ -48,32 +52,46 @@ def run_once(tasks, concurrency: int, backend: str) -> dict:
     }
 
 
+def load_tasks(suite: str, gym_count: int):
+    """'builtin', 'gym' (the gym's test split) or a task directory tree."""
+    if suite == "gym":
+        from tr.envs import gym
+
+        return gym.split_tasks("test", gym_count)
+    from tr.envs.tasks import load_suite
+
+    return load_suite(None if suite == "builtin" else suite)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--backend", default="local")
-    p.add_argument("--suite", default=None, help="task suite directory (default: built-in)")
+    p.add_argument("--suites", nargs="+", default=["builtin", "gym"],
+                   help="'builtin', 'gym' or task directory trees")
+    p.add_argument("--gym-count", type=int, default=64)
     args = p.parse_args(argv)
 
-    from tr.envs.tasks import load_suite
-
-    tasks = load_suite(args.suite)
-    print(f"suite: {len(tasks)} tasks, backend {args.backend}, {args.repeats} repeat(s), medians shown",
-          file=sys.stderr)
-    rows = []
-    for c in args.concurrency:
-        runs = [run_once(tasks, c, args.backend) for _ in range(args.repeats)]
-        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-        rows.append((c, med))
-    base = rows[0][1]
-    print(f"{'conc':>4} {'episodes':>8} {'pass':>4} {'infra':>5} {'wall s':>7} {'ep/s':>6} {'steps/s':>7} "
-          f"{'x base':>6} {'sandbox':>7} {'sampling':>8} {'bookkeep':>8} {'batch':>5}")
-    for c, m in rows:
-        print(f"{c:>4} {m['episodes']:>8.0f} {m['passed']:>4.0f} {m['infra']:>5.0f} {m['wall_s']:>7.2f} "
-              f"{m['eps_per_s']:>6.2f} {m['steps_per_s']:>7.2f} {m['eps_per_s'] / base['eps_per_s']:>6.2f} "
-              f"{100 * m['sandbox_share']:>6.1f}% {100 * m['sampling_share']:>7.1f}% "
-              f"{100 * m['bookkeeping_share']:>7.1f}% {m['mean_batch']:>5.2f}")
+    print(f"{'suite':>8} {'conc':>4} {'episodes':>8} {'pass':>4} {'infra':>5} {'wall s':>7} {'ep/s':>6} "
+          f"{'steps/s':>7} {'x base':>6} {'sandbox':>7} {'sampling':>8} {'bookkeep':>8} {'batch':>5}")
+    for suite in args.suites:
+        tasks = load_tasks(suite, args.gym_count)
+        print(f"suite {suite}: {len(tasks)} tasks, backend {args.backend}, {args.repeats} repeat(s), "
+              f"medians shown; load average {os.getloadavg()[0]:.2f}", file=sys.stderr)
+        rows = []
+        for c in args.concurrency:
+            runs = [run_once(tasks, c, args.backend) for _ in range(args.repeats)]
+            med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+            rows.append((c, med))
+        base = rows[0][1]
+        name = os.path.basename(suite.rstrip("/"))[:8]
+        for c, m in rows:
+            print(f"{name:>8} {c:>4} {m['episodes']:>8.0f} {m['passed']:>4.0f} {m['infra']:>5.0f} "
+                  f"{m['wall_s']:>7.2f} {m['eps_per_s']:>6.2f} {m['steps_per_s']:>7.2f} "
+                  f"{m['eps_per_s'] / base['eps_per_s']:>6.2f} {100 * m['sandbox_share']:>6.1f}% "
+                  f"{100 * m['sampling_share']:>7.1f}% {100 * m['bookkeeping_share']:>7.1f}% "
+                  f"{m['mean_batch']:>5.2f}", flush=True)
     return 0
 
 

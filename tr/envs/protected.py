@@ -52,6 +52,7 @@ design.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -64,10 +65,11 @@ VERIFIER_HOME = "/tmp/.tr-verifier-home"
 VERIFIER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/tr/verifier/bin"
 TESTS_MOUNT = "/tests"
 RESULTS_DIR = "/logs/verifier"
-FILES_VERSION = "2"
+CHECKRUN = f"{FILES_MOUNT}/checkrun.py"   # the stdlib check runner (tr/envs/checkrun.py)
 LINKS = {"bin/python": "/usr/bin/python3"}   # harness-owned links in FILES_MOUNT
 # The harness-owned files mounted at FILES_MOUNT (see the module doc).
 FILES = {
+    "checkrun.py": (Path(__file__).resolve().parent / "checkrun.py").read_text(),
     "pytest.ini": "# The protected verifier's pytest configuration (tr.envs.protected): pytest reads\n"
                   "# this file and no configuration file of the sandbox.\n[pytest]\n",
     "openssl.cnf": "# The protected verifier's OpenSSL configuration: the built-in defaults,\n"
@@ -78,6 +80,9 @@ FILES = {
     "site/usercustomize.py": "# Shadows any usercustomize module of the sandbox in the verifier's "
                              "processes.\n",
 }
+# Part of the folder name, so a changed file is never served from an older copy.
+FILES_VERSION = hashlib.sha256(repr((sorted(FILES.items()), sorted(LINKS.items()))).encode()
+                               ).hexdigest()[:12]
 
 
 def verifier_files(state_dir) -> Path:

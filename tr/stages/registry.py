@@ -7,6 +7,7 @@ from typing import Callable
 JOBS: dict[str, str] = {
         "gae_demo": "tr.stages.gae_demo:run",
         "evaluate": "tr.stages.evaluate:run",
+        "base": "tr.stages.base:run",
         "aot": "tr.train.aot:run",
 }
 

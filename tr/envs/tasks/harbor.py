@@ -11,7 +11,7 @@ from tr.envs.tasks import checks
 from tr.envs.tasks.fields import MISSING, FieldReader, read_text
 from tr.envs.tasks.model import (
     DEFAULT_AGENT_TIMEOUT_S, DEFAULT_MAX_TURNS, DEFAULT_VERIFIER_TIMEOUT_S, TASK_ID_RE, Budgets,
-    Environment, Problem, Task, VerifierSpec,
+    CHECK_RUNNERS, Environment, Problem, Task, VerifierSpec,
 )
 
 TR_KEYS = {
@@ -19,7 +19,7 @@ TR_KEYS = {
     "metadata": {"id", "family", "tier", "tags", "author", "author_name", "author_email",
                  "description"},
     "agent": {"timeout_sec", "max_turns"},
-    "verifier": {"timeout_sec", "final_gate", "required"},
+    "verifier": {"timeout_sec", "final_gate", "required", "runner"},
     "environment": {"setup", "dockerfile", "docker_image", "workdir", "allow_internet", "cpus",
                     "memory", "memory_mb", "storage", "storage_mb", "build_timeout_sec"},
 }
@@ -212,9 +212,14 @@ def _verifier(task_dir: Path, f: FieldReader, layout: str, problems: list[Proble
         expected = "test_*.py files" + (" or a test.sh" if layout == "harbor" else "")
         problems.append(Problem("tests/", None, f"no tests: expected {expected}"))
         return None
+    runner = f.string("verifier.runner", default="pytest") or "pytest"
+    if runner not in CHECK_RUNNERS:
+        f.problem("verifier.runner", f"{runner!r} is not a check runner; expected one of "
+                  f"{CHECK_RUNNERS}")
     spec = VerifierSpec(kind=spec.kind, test_files=spec.test_files, final_gate=final_gate,
                         required=required, note=spec.note, script_text=spec.script_text,
-                        env=f.string_table("verifier.env") if layout == "harbor" else ())
+                        env=f.string_table("verifier.env") if layout == "harbor" else (),
+                        runner=runner)
     file_problems, names = checks.test_file_problems(tests_dir, spec.test_files, "tests")
     problems.extend(file_problems)
     if not file_problems:

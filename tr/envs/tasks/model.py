@@ -10,6 +10,7 @@ from pathlib import Path
 TIERS = ("easy", "medium", "hard", "extreme")
 LAYOUTS = ("tr", "harbor", "tb1")
 VERIFIER_KINDS = ("pytest", "reward_file", "output")
+CHECK_RUNNERS = ("pytest", "stdlib")   # what runs a pytest-kind verifier's files
 TASK_ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
 DEFAULT_AGENT_TIMEOUT_S = 600.0
@@ -80,6 +81,7 @@ class VerifierSpec:
     note: str = ""  # e.g. which lines of run-tests.sh tr serves itself
     script_text: str | None = None  # the task's test script as run (testscript.rewrite), if any
     env: tuple[tuple[str, str], ...] = ()  # Harbor [verifier].env: exported for the verifier
+    runner: str = "pytest"  # pytest | stdlib (tr/envs/checkrun.py: same checks, no start-up)
 
 
 @dataclass(frozen=True)

@@ -270,6 +270,11 @@ def verifier_command(task: Task, workdir: str) -> str:
         if spec.kind == "output":     # its printed summary is the result: kept whole in a file
             return f"{head}( {spec.script_text}\n) > {RESULTS_DIR}/{vr.OUTPUT_FILENAME} 2>&1"
         return head + spec.script_text
+    if spec.kind == "pytest" and spec.runner == "stdlib":
+        from tr.envs.protected import CHECKRUN
+        files = " ".join(shlex.quote(f"{TESTS_MOUNT}/{rel}") for rel in spec.test_files)
+        return (f"{cd}TEST_DIR={TESTS_MOUNT} \"$TR_PYTHON\" -I -S {CHECKRUN} "
+                f"--junitxml={RESULTS_DIR}/{vr.JUNIT_FILENAME} {files}")
     if spec.kind == "pytest":
         files = " ".join(shlex.quote(f"{TESTS_MOUNT}/{rel}") for rel in spec.test_files)
         return (f"{cd}TEST_DIR={TESTS_MOUNT} PYTHONDONTWRITEBYTECODE=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "

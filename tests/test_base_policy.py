@@ -1,0 +1,99 @@
+"""The Base policy job (tr/stages/base.py, experiments/base_policy.py) and the embedded default
+(tr/stages/embedded.py): selection, demo mixture, the shipped tokenizer, and the quick variant run
+end to end through experiments/main.py (real sandboxes, real SFT, a real stage store)."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from tr.envs import gym
+from tr.stages import base, embedded
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _eval(step, p, fams):
+    return {"step": step, "pass_at_1": p, "by_family": fams}
+
+
+def test_select_prefers_the_band_with_enough_families_then_the_target():
+    four = lambda n: {f"f{i}": (0.5 if i < n else 0.0) for i in range(4)}
+    evals = [_eval(10, 0.05, four(1)), _eval(20, 0.19, four(1)), _eval(30, 0.30, four(3)),
+             _eval(40, 0.60, four(4))]
+    # 0.19 is closest to 0.20 but has successes in 1 of 4 families; 0.30 qualifies.
+    assert base.select(evals, target=0.2, band=(0.1, 0.35))["step"] == 30
+    # Nothing qualifies: the closest overall.
+    assert base.select(evals[:2] + evals[3:], target=0.2, band=(0.1, 0.35))["step"] == 20
+    ties = [_eval(5, 0.25, four(2)), _eval(9, 0.15, four(2))]
+    assert base.select(ties, target=0.2, band=(0.1, 0.35))["step"] == 5
+
+
+def test_demo_plans_mix_clean_mistake_and_truncated(tmp_path, monkeypatch):
+    monkeypatch.setenv("TR_GYM_DIR", str(tmp_path))
+    tasks = gym.split_tasks("train", 70)
+    plans = base.demo_plans(tasks, seed=3, p_mistake=0.3, p_truncate=0.2)
+    assert plans == base.demo_plans(tasks, seed=3, p_mistake=0.3, p_truncate=0.2)
+    kinds = [k for k, _ in plans.values()]
+    assert {"clean", "mistake", "truncated"} == set(kinds)
+    for task, (kind, commands) in zip(tasks, plans.values()):
+        if kind == "clean":
+            assert commands == gym.solution_commands(task)
+        elif kind == "mistake":
+            assert commands[0] in gym.mistake_commands(task)
+            assert commands[1:] == gym.repair_commands(task)
+        else:
+            assert commands != gym.solution_commands(task)
+
+
+def test_shipped_tokenizer_is_rebuilt_identically_and_round_trips(tmp_path, monkeypatch):
+    monkeypatch.setenv("TR_GYM_DIR", str(tmp_path / "gym"))
+    rebuilt = embedded.train_tokenizer(tmp_path / "tokenizer.json")
+    assert rebuilt.read_text() == embedded.TOKENIZER_FILE.read_text()
+    tok = embedded.load_tokenizer()
+    cfg = embedded.model_config()
+    assert tok.vocab_size <= cfg.vocab_size
+    text = "THOUGHT: x\nCOMMAND:\n```bash\ncp -f snap/notes.12 notes.txt <|im_end|> é\n```"
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text and tok.eos_id not in ids      # specials never come from text
+    sizes = embedded.measure(n_per_family=2)
+    assert sizes["bpe"]["episode_tokens"] < sizes["byte"]["episode_tokens"] / 1.5
+
+
+def test_quick_variant_writes_base_json_and_an_actor_stage(tmp_path):
+    work = tmp_path / "run"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "TR_GYM_DIR": str(tmp_path / "gym")}
+    proc = subprocess.run([sys.executable, "experiments/main.py",
+                           "--config=experiments/base_policy.py:quick", f"--workdir={work}"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((work / "base.json").read_text())
+    assert 0.0 <= result["val"]["pass_at_1"] <= 1.0 and result["wall_s"] > 0
+    assert set(result["test"]["by_family"]) == set(gym.FAMILIES)
+    assert set(result["test"]["by_tier"]) == {"easy", "medium", "hard", "extreme"}
+    assert result["selected_step"] in {e["step"] for e in result["evals"]}
+    assert result["demos"]["episodes"] == 24 and result["demos"]["sequences"] > 0
+    manifest = json.loads((work / "base" / "stage.json").read_text())
+    assert manifest["kind"] == "sft" and manifest["finished_step"] == result["selected_step"]
+    assert manifest["config"]["model"] == "gym"
+    assert manifest["config"]["tokenizer"] == embedded.TOKENIZER
+    model_cfg, tok, prompt = embedded.from_manifest(manifest)
+    assert model_cfg.name == "gym" and tok.vocab_size == embedded.load_tokenizer().vocab_size
+    assert prompt == embedded.SYSTEM_PROMPT
+    steps = sorted(p.name for p in (work / "base" / "checkpoints").iterdir())
+    assert steps == [str(result["selected_step"])]
+    saved = sorted(p.name for p in (work / "base" / "checkpoints" / steps[0]).iterdir())
+    assert "actor_params" in saved and "critic_params" not in saved
+    assert "Pass@1" in (work / "base-test.txt").read_text()
+
+
+def test_bad_band_is_one_clear_error(tmp_path):
+    proc = subprocess.run([sys.executable, "experiments/main.py",
+                           "--config=experiments/base_policy.py:quick", f"--workdir={tmp_path}",
+                           "--config.select.target=0.5", "--config.select.band=(0.1, 0.3)"],
+                          cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "config.select" in proc.stderr

@@ -1,0 +1,324 @@
+"""The `base` job: a Base policy for the gym that starts low but not at zero (issue 11).
+
+    demos     the scripted teacher plays `train` tasks in real sandboxes: clean reference runs,
+              runs that open with a plausible mistake then repair it, and truncated runs (the
+              reference cut short, then DONE); each demo's actions are SFT targets
+    sft       a fixed number of updates (`tr.train.steps` SFT step) of the embedded model
+              (`tr.stages.embedded`) from scratch, evaluated on `val` every `eval_every` updates
+    select    the checkpoint whose val Pass@1 is closest to `target` among those inside `band`
+              with successes in at least half the families (closest overall if none qualifies)
+    report    the selected actor on `test` (Pass@1 by family and tier) -> WORKDIR/base.json,
+              base-test.txt; the actor is stage `base` (kind sft, no critic) of the stage store
+
+Sampling for evaluation is the papers' (temperature 0.6, top-p 0.95).  Everything is seeded by
+`config.seed`: the demo mixture, initialisation, data order and evaluation keys.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import random
+import time
+
+import numpy as np
+
+from tr.agent.harness import format_action
+from tr.agent.transcript import Generation
+from tr.stages import embedded
+from tr.stages.registry import ConfigError
+
+
+class PlanPolicy:
+    """A teacher that plays a fixed list of commands per episode (then DONE): the demos."""
+
+    def __init__(self, plans: dict[str, list[str]], name: str = "teacher"):
+        self.plans, self.name = plans, name
+
+    def generate(self, requests):
+        out = []
+        for req in requests:
+            plan = self.plans[req.episode_id]
+            k = sum(m["role"] == "assistant" for m in req.messages)
+            text = (format_action(embedded.ACT_THOUGHT, plan[k]) if k < len(plan)
+                    else format_action(embedded.DONE_THOUGHT, None))
+            out.append(Generation(text=text, source="teacher"))
+        return out
+
+
+def demo_plans(tasks, *, seed: int, p_mistake: float, p_truncate: float) -> dict[str, tuple]:
+    """episode id -> (kind, commands): 'mistake' = a plausible wrong first action then the repair
+    commands, 'truncated' = the reference without its last command (a one-command reference is
+    replaced by the family's partial attempt), else 'clean' = the reference."""
+    from tr.envs import gym
+
+    rng = random.Random(f"demos:{seed}")
+    plans = {}
+    for i, task in enumerate(tasks):
+        u = rng.random()
+        solution = gym.solution_commands(task)
+        if u < p_mistake:
+            mistakes = gym.mistake_commands(task)
+            plan = ("mistake", [rng.choice(mistakes)] + gym.repair_commands(task))
+        elif u < p_mistake + p_truncate:
+            plan = ("truncated", solution[:-1] if len(solution) > 1 else gym.partial_commands(task))
+        else:
+            plan = ("clean", solution)
+        plans[f"demo-{i}-{task.id}"] = plan
+    return plans
+
+
+def make_demos(config, tokenizer, layout):
+    """Run the demos; returns (sequences, stats)."""
+    from tr.agent.harness import Budgets, EpisodeSpec
+    from tr.agent.records import episode_to_sequences
+    from tr.agent.rollout import RolloutConfig, run_rollouts
+    from tr.envs import gym
+
+    tasks = gym.split_tasks("train", config.demos.tasks, seed=config.seed)
+    plans = demo_plans(tasks, seed=config.seed, p_mistake=config.demos.p_mistake,
+                       p_truncate=config.demos.p_truncate)
+    specs = [EpisodeSpec(task=t, episode_id=eid, seed=config.seed)
+             for t, eid in zip(tasks, plans)]
+    rc = RolloutConfig(concurrency=config.concurrency, progress=False, batch_window_s=0.0,
+                       budgets=Budgets(max_turns=gym.MAX_TURNS),
+                       system_prompt=embedded.SYSTEM_PROMPT)
+    t0 = time.monotonic()
+    out = run_rollouts(specs, PlanPolicy({k: v[1] for k, v in plans.items()}), layout, rc)
+    wall = time.monotonic() - t0
+    records = sorted(out.records, key=lambda r: r.episode_id)
+    seqs, dropped = [], 0
+    for rec in records:
+        if not rec.status.counts:
+            dropped += 1
+            continue
+        for seq in episode_to_sequences(rec, float(bool(rec.passed))):
+            if len(seq["tokens"]) <= config.sft.length:
+                seqs.append(seq)
+            else:
+                dropped += 1
+    kinds = [v[0] for v in plans.values()]
+    stats = {"episodes": len(records), "sequences": len(seqs), "dropped": dropped,
+             "passed": sum(bool(r.passed) for r in records), "wall_s": wall,
+             "episodes_per_s": len(records) / wall if wall else None,
+             "kinds": {k: kinds.count(k) for k in sorted(set(kinds))},
+             "mean_tokens": float(np.mean([len(s["tokens"]) for s in seqs])) if seqs else 0.0}
+    return seqs, stats
+
+
+def pack_rows(lengths, order, length: int) -> list[list[int]]:
+    """Greedy packing: sequences in `order`, a new row whenever the next one does not fit."""
+    rows, row, used = [], [], 0
+    for i in order:
+        if used + lengths[i] > length and row:
+            rows.append(row)
+            row, used = [], 0
+        row.append(int(i))
+        used += lengths[i]
+    if row:
+        rows.append(row)
+    return rows
+
+
+def batches(seqs, *, batch: int, length: int, pad_id: int, seed: int):
+    """Endless shuffled SFT batches of packed rows: tokens, loss_mask, segment_ids [batch, length]
+    (segments 1, 2, ... per sequence, 0 on padding; attention stays inside a segment)."""
+    rng = np.random.default_rng(seed)
+    lengths = [len(s["tokens"]) for s in seqs]
+    while True:
+        rows = pack_rows(lengths, rng.permutation(len(seqs)), length)
+        for start in range(0, len(rows) - batch + 1, batch):
+            out = {"tokens": np.full((batch, length), pad_id, np.int32),
+                   "loss_mask": np.zeros((batch, length), bool),
+                   "segment_ids": np.zeros((batch, length), np.int32)}
+            for r, row in enumerate(rows[start:start + batch]):
+                at = 0
+                for segment, i in enumerate(row, start=1):
+                    n = lengths[i]
+                    out["tokens"][r, at:at + n] = seqs[i]["tokens"]
+                    out["loss_mask"][r, at:at + n] = seqs[i]["loss_mask"]
+                    out["segment_ids"][r, at:at + n] = segment
+                    at += n
+            yield out
+
+
+class Evaluator:
+    """Pass@1 of the current parameters on a fixed task list (one sampler, compiled once)."""
+
+    def __init__(self, config, model, tokenizer):
+        from tr.agent.policies import ModelPolicy
+        from tr.sampling.sampler import JaxSampler
+
+        self.config, self.model, self.tokenizer = config, model, tokenizer
+        self.sampler = JaxSampler(model, tokenizer, min_prompt_bucket=config.eval.prompt_bucket,
+                                  min_batch_bucket=config.concurrency)
+        self.calls = 0
+        self.policy_cls = ModelPolicy
+
+    def set_params(self, params) -> None:
+        from flax import nnx
+
+        state = nnx.state(self.model, nnx.Param)
+        nnx.replace_by_pure_dict(state, params)
+        nnx.update(self.model, state)
+        self.sampler.update_weights(self.model)
+
+    def __call__(self, tasks, workdir: pathlib.Path) -> dict:
+        from tr.agent import evaluation
+
+        ev = self.config.eval
+        self.calls += 1
+        policy = self.policy_cls(self.sampler, self.tokenizer, temperature=ev.temperature,
+                                 top_p=ev.top_p, seed=self.config.seed * 1000 + self.calls,
+                                 name="base")
+        budgets = policy.budgets(ev.max_output_tokens, max_turns=ev.max_turns,
+                                 summarise_at_tokens=None)
+        return evaluation.evaluate({"base": policy}, tasks, k=1, workdir=workdir,
+                                   concurrency=self.config.concurrency, budgets=budgets,
+                                   seed=self.config.seed, progress=False,
+                                   system_prompt=embedded.SYSTEM_PROMPT)["base"]
+
+
+def pass_rate(summary: dict) -> tuple[float, dict]:
+    by_family = {f: (v["pass@1"] or 0.0) for f, v in summary["by_family"].items()}
+    return summary["overall"]["pass@1"] or 0.0, by_family
+
+
+def select(evals: list[dict], *, target: float, band: tuple[float, float]) -> dict:
+    """The eval closest to `target` among those in `band` with successes in >= half the
+    families; if none qualifies, the closest overall (ties: the earlier step)."""
+    def ok(e):
+        fams = e["by_family"]
+        return band[0] <= e["pass_at_1"] <= band[1] and 2 * sum(v > 0 for v in fams.values()) >= len(fams)
+
+    pool = [e for e in evals if ok(e)] or evals
+    return min(pool, key=lambda e: (abs(e["pass_at_1"] - target), e["step"]))
+
+
+def table(summary: dict) -> str:
+    lines = [f"{'group':<26} {'tasks':>5} {'Pass@1':>7}"]
+    rows = [("overall", summary["overall"])]
+    rows += [(f"family {f}", v) for f, v in summary["by_family"].items()]
+    rows += [(f"tier {t}", v) for t, v in summary["by_tier"].items()]
+    for label, v in rows:
+        p = v["pass@1"]
+        lines.append(f"{label:<26} {v['tasks']:>5} {'-' if p is None else f'{100 * p:6.1f}%':>7}")
+    return "\n".join(lines)
+
+
+def _check(config) -> None:
+    for field in ("tasks",):
+        if config.demos[field] < 1:
+            raise ConfigError(f"config.demos.{field} must be >= 1, got {config.demos[field]}")
+    for field in ("steps", "batch", "length", "eval_every"):
+        if config.sft[field] < 1:
+            raise ConfigError(f"config.sft.{field} must be >= 1, got {config.sft[field]}")
+    lo, hi = config.select.band
+    if not 0 <= lo <= config.select.target <= hi <= 1:
+        raise ConfigError(f"config.select: need 0 <= band[0] <= target <= band[1] <= 1, got "
+                          f"target {config.select.target}, band {config.select.band}")
+
+
+def run(config, workdir: pathlib.Path):
+    import jax
+    from flax import nnx
+
+    from tr.agent.transcript import ChatLayout
+    from tr.envs import gym
+    from tr.models.decoder import Decoder
+    from tr.train import steps as steps_lib
+    from tr.train.checkpoint import StageStore
+    from tr.train.state import create_train_state
+
+    _check(config)
+    t_start = time.monotonic()
+    workdir = pathlib.Path(workdir)
+    tokenizer = embedded.load_tokenizer(config.tokenizer)
+    model_cfg = embedded.model_config(config.model)
+    if tokenizer.vocab_size > model_cfg.vocab_size:
+        raise ConfigError(f"config.tokenizer {config.tokenizer!r} has {tokenizer.vocab_size} ids > "
+                          f"model {config.model!r} vocab_size {model_cfg.vocab_size}")
+    layout = ChatLayout(tokenizer)
+
+    seqs, demo_stats = make_demos(config, tokenizer, layout)
+    print(f"demos: {json.dumps(demo_stats, sort_keys=True)}", flush=True)
+    if not seqs:
+        raise RuntimeError("no demo sequence fits config.sft.length")
+
+    model = Decoder(model_cfg, rngs=nnx.Rngs(config.seed))
+    fns = steps_lib.nnx_model_fns(model)
+    train_cfg = steps_lib.default_config()
+    opt = train_cfg.actor.optimizer
+    opt.learning_rate = config.sft.learning_rate
+    opt.schedule, opt.warmup_steps, opt.decay_steps = "warmup_cosine", config.sft.warmup, config.sft.steps
+    opt.end_learning_rate_factor = 0.1
+    sft = steps_lib.build_steps(train_cfg, actor_logprobs=fns.actor_logprobs).sft
+    actor_opt = steps_lib.make_optimizer(opt)
+    state = create_train_state(actor_params=fns.actor_params, actor_optimizer=actor_opt,
+                               seed=config.seed)
+    data = batches(seqs, batch=config.sft.batch, length=config.sft.length,
+                   pad_id=tokenizer.pad_id, seed=config.seed)
+
+    val_tasks = gym.split_tasks("val", config.eval.val_count, seed=config.seed)
+    test_tasks = gym.split_tasks("test", config.eval.test_count, seed=config.seed)
+    evaluator = Evaluator(config, model, tokenizer)
+    evals, kept, metrics_log = [], {}, []
+    t_train = t_eval = 0.0
+    for step in range(1, config.sft.steps + 1):
+        t0 = time.monotonic()
+        state, metrics = sft(state, next(data))
+        if step % config.sft.eval_every == 0 or step == config.sft.steps:
+            loss = float(metrics["actor/loss"])
+            t_train += time.monotonic() - t0
+            t0 = time.monotonic()
+            evaluator.set_params(state.actor_params)
+            summary = evaluator(val_tasks, workdir / "base-evals" / f"val-{step}")
+            p, fams = pass_rate(summary)
+            evals.append({"step": step, "pass_at_1": p, "by_family": fams, "loss": loss,
+                          "format_errors": summary["format_errors"]})
+            kept[step] = state
+            t_eval += time.monotonic() - t0
+            print(f"step {step}: loss {loss:.3f}  val Pass@1 {p:.3f}  families with a success "
+                  f"{sum(v > 0 for v in fams.values())}/{len(fams)}  format errors "
+                  f"{summary['format_errors']}", flush=True)
+            metrics_log.append({"step": step, "loss": loss, "val_pass_at_1": p})
+        else:
+            jax.block_until_ready(state.step)
+            t_train += time.monotonic() - t0
+    chosen = select(evals, target=config.select.target, band=tuple(config.select.band))
+    state = kept[chosen["step"]]
+    kept.clear()
+
+    evaluator.set_params(state.actor_params)
+    t0 = time.monotonic()
+    test = evaluator(test_tasks, workdir / "base-evals" / "test")
+    t_eval += time.monotonic() - t0
+    stage_config = {**embedded.manifest_config(), "model": config.model,
+                    "tokenizer": config.tokenizer, "seed": config.seed,
+                    "selected_step": chosen["step"], "steps": config.sft.steps}
+    with StageStore(workdir, config.stage, async_save=False) as store:
+        store.create(kind="sft", config=stage_config)
+        store.finish(state)
+    wall = time.monotonic() - t_start
+    result = {
+        "stage": config.stage, "seed": config.seed, "selected_step": chosen["step"],
+        "val": {"pass_at_1": chosen["pass_at_1"], "by_family": chosen["by_family"],
+                "tasks": len(val_tasks)},
+        "test": {"pass_at_1": test["overall"]["pass@1"] or 0.0,
+                 "by_family": {f: v["pass@1"] or 0.0 for f, v in test["by_family"].items()},
+                 "by_tier": {t: v["pass@1"] or 0.0 for t, v in test["by_tier"].items()},
+                 "heldout_family": gym.HELDOUT_FAMILY, "tasks": len(test_tasks),
+                 "format_errors": test["format_errors"]},
+        "evals": evals, "demos": demo_stats,
+        "wall_s": wall, "train_s": t_train, "eval_s": t_eval,
+        "model": config.model, "tokenizer": config.tokenizer,
+    }
+    (workdir / "base.json").write_text(json.dumps(result, indent=2, sort_keys=True))
+    text = (f"Base (seed {config.seed}, step {chosen['step']} of {config.sft.steps}): "
+            f"val Pass@1 {chosen['pass_at_1']:.3f}, test Pass@1 {result['test']['pass_at_1']:.3f} "
+            f"(held-out family: {gym.HELDOUT_FAMILY}); wall {wall:.0f}s\n" + table(test) + "\n")
+    (workdir / "base-test.txt").write_text(text)
+    with open(workdir / "base-metrics.jsonl", "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(m, sort_keys=True) + "\n" for m in metrics_log)
+    print(text, flush=True)
+    return result
