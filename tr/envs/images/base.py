@@ -253,11 +253,13 @@ def _build_base(client, tag: str, packages: list, log: Callable[[str], None]) ->
 
 
 def build_task_image(dockerfile, context, log: Callable[[str], None] | None = None, *,
-                     notes: list | None = None, network: bool = True) -> str:
+                     notes: list | None = None, network: bool = True,
+                     timeout_s: float | None = None) -> str:
     """Build a task's Dockerfile; returns its tag.  Each ``FROM`` image is used when present or
     pullable (pull progress to ``log``); otherwise the local Debian stand-in
     (:mod:`tr.envs.images.debian`) takes its place, and a line saying so is appended to
-    ``notes``.  The build has the network unless ``network`` is false."""
+    ``notes``.  The build has the network unless ``network`` is false; ``timeout_s`` bounds
+    the wait for the engine's next word (Harbor's ``build_timeout_sec``; default an hour)."""
     log = log or (lambda m: None)
     dockerfile, context = Path(dockerfile), Path(context)
     if not dockerfile.is_file():
@@ -267,7 +269,7 @@ def build_task_image(dockerfile, context, log: Callable[[str], None] | None = No
     client = docker_client()
     try:
         return _build_task(client, dockerfile, context, log, notes if notes is not None else [],
-                           network)
+                           network, timeout_s or 3600.0)
     finally:
         client.close()
 
@@ -353,7 +355,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _build_task(client, dockerfile: Path, context: Path, log: Callable[[str], None], notes: list,
-                network: bool = True) -> str:
+                network: bool = True, timeout_s: float = 3600.0) -> str:
     text, replaced = _rewrite(client, dockerfile, log, notes)
     h = hashlib.sha256(text.encode())
     for p in sorted(context.rglob("*")):
@@ -376,7 +378,7 @@ def _build_task(client, dockerfile: Path, context: Path, log: Callable[[str], No
     for mode in modes:
         buf.seek(0)
         log(f"building {dockerfile} as {tag} (build network: {mode})")
-        error, lines = _run_build(client, buf, tag, mode, log)
+        error, lines = _run_build(client, buf, tag, mode, log, timeout_s)
         if error is None or not _NO_BRIDGE.search(error):
             break
         _BRIDGE_BROKEN.append(True)
@@ -391,14 +393,15 @@ _BRIDGE_BROKEN: list = []   # set once this process saw the engine's bridge fail
 _NO_BRIDGE = re.compile(r"failed to create endpoint|bridge|network .* not found", re.I)
 
 
-def _run_build(client, buf, tag: str, network_mode: str, log) -> tuple[str | None, list[str]]:
+def _run_build(client, buf, tag: str, network_mode: str, log,
+               timeout_s: float = 3600.0) -> tuple[str | None, list[str]]:
     """One `docker build` of the prepared context: (error or None, output lines)."""
     lines: list[str] = []
     try:
         for event in client.api.build(fileobj=buf, custom_context=True,
                                       dockerfile=".tr.Dockerfile", tag=tag, rm=True, forcerm=True,
                                       network_mode=network_mode, labels={LABEL: "task"},
-                                      decode=True):
+                                      decode=True, timeout=int(timeout_s)):
             if "stream" in event:
                 for ln in _ANSI.sub("", event["stream"]).splitlines():
                     if ln.strip():

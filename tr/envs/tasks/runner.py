@@ -118,7 +118,8 @@ def docker_image(task: Task) -> str | None:
 
         notes: list[str] = []
         tag = images.build_task_image(env.dockerfile, env.dockerfile.parent, notes=notes,
-                                      log=lambda m: print(f"[image] {m}", file=sys.stderr))
+                                      log=lambda m: print(f"[image] {m}", file=sys.stderr),
+                                      timeout_s=env.build_timeout_s)
         IMAGE_NOTES[tag] = tuple(notes)
         return tag
     return env.docker_image
