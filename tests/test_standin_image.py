@@ -84,3 +84,14 @@ def test_tbench_task_on_the_standin_passes_and_records_it(standin):
     assert any("built on the local stand-in" in n for n in solved.notes), solved.notes
     nothing, _ = runner.run_task(task, "none", "docker")
     assert nothing.error is None and not nothing.strict_pass and nothing.matched == 0
+
+
+def test_steps_aimed_at_the_real_images_python_are_flagged(standin, tmp_path):
+    (tmp_path / "Dockerfile").write_text(
+        "FROM python:3.13-slim\nRUN rm -rf /usr/local/lib/python3.13/site-packages/pip\n")
+    notes: list[str] = []
+    images._rewrite(images.docker_client(), tmp_path / "Dockerfile", lambda m: None, notes)
+    assert notes[0].startswith("FROM python:3.13-slim: not on this machine")
+    assert notes[1] == ("Dockerfile: `/usr/local/lib/python3.13` belongs to the real base image; "
+                        "the stand-in's Python is 3.11 under /usr, so this step may not do what "
+                        "the task expects (other Python)")

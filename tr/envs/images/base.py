@@ -345,7 +345,16 @@ def _rewrite(client, dockerfile: Path, log, notes: list) -> tuple[str, list[str]
             if standin_stage and _TBENCH.match(m.group(2)):
                 out.append("WORKDIR /app")      # what t-bench's own base images set
             continue
-        out.append(_standin_lines(line) if standin_stage else line)
+        if standin_stage:
+            line = _standin_lines(line)
+            other = re.search(r"/usr/local/lib/python3\.(\d+)|\bpython3\.(\d+)\b", line)
+            if other and (other.group(1) or other.group(2)) != debian.PYTHON_MINOR and not any(
+                    "other Python" in n for n in notes):
+                notes.append(f"{dockerfile.name}: `{other.group(0)}` belongs to the real base "
+                             f"image; the stand-in's Python is 3.{debian.PYTHON_MINOR} under /usr, "
+                             "so this step may not do what the task expects (other Python)")
+                log(notes[-1])
+        out.append(line)
     return "\n".join(out) + "\n", replaced
 
 

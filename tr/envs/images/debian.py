@@ -32,6 +32,7 @@ MIRROR = os.environ.get("TR_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 PACKAGES = ("python3", "python3-pip", "python3-venv", "python-is-python3", "ca-certificates",
             "curl", "procps", "less")
 RECIPE_VERSION = "1"
+PYTHON_MINOR = "11"    # bookworm's python3
 LABEL = "tr.managed"
 IMPORT_CHANGES = [
     "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
