@@ -168,3 +168,19 @@ def test_verify_verbose_shows_passing_commands_too():
     assert loud.returncode == 0, loud.stdout + loud.stderr
     assert "--- turn 3: python summarize.py  (exit code 0)" in loud.stdout
     assert "\n21\n" in loud.stdout and "--- verifier log" in loud.stdout
+
+
+def test_verify_says_when_the_tests_wanted_a_server_the_agent_started(tmp_path):
+    task_dir = tmp_path / "needs-server"
+    for d in ("solution", "tests"):
+        (task_dir / d).mkdir(parents=True)
+    (task_dir / "task.toml").write_text('[metadata]\ndifficulty = "easy"\n')
+    (task_dir / "instruction.md").write_text("Serve port 8765.\n")
+    (task_dir / "solution" / "solve.sh").write_text(
+        "#!/bin/bash\nnohup python3 -m http.server 8765 >/dev/null 2>&1 &\nsleep 1\n")
+    (task_dir / "tests" / "test_outputs.py").write_text(
+        "import urllib.request\n\ndef test_served():\n"
+        "    urllib.request.urlopen('http://localhost:8765/', timeout=5)\n")
+    proc = cli("verify", task_dir)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "note: the tests expect a service on this machine" in proc.stdout, proc.stdout

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -30,6 +31,10 @@ def _expand(paths: list[str]) -> list[Path]:
         dirs = loader.task_dirs(path) if path.is_dir() else [path]
         out.extend(dirs or [path])
     return out
+
+
+_REFUSED = re.compile(r"Connection refused|\[Errno 111\]|ECONNREFUSED")
+_LOCALHOST = re.compile(r"\blocalhost\b|127\.0\.0\.1")
 
 
 def _tail(text: str, limit: int) -> str:
@@ -128,6 +133,11 @@ def cmd_verify(args) -> int:
         if (result.error or not result.strict_pass or args.verbose) and result.log:
             print("--- verifier log (tail)")
             print(_tail(result.log, 4000))
+            if (not result.strict_pass and _REFUSED.search(result.log)
+                    and _LOCALHOST.search(result.log)):
+                print("note: the tests expect a service on this machine (connection refused on "
+                      "localhost): the protected verifier ends every process the agent started "
+                      "before the tests run, so a server the agent left running is gone")
             hosts = unreachable_hosts(result.log.splitlines())
             if hosts and not result.strict_pass:
                 print(f"note: the tests could not reach {', '.join(hosts)} (the runtime is "
