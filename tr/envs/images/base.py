@@ -424,11 +424,12 @@ def _run_build(client, buf, tag: str, network_mode: str, log,
     return None, lines
 
 
-_NET_FAIL = re.compile(r"Could not resolve host|Name or service not known|Temporary failure in "
-                       r"name resolution|Failed to establish a new connection|Could not fetch URL|"
+_NET_FAIL = re.compile(r"Could not resolve host|Name or service not known|Temporary failure "
+                       r"resolving|Temporary failure in name resolution|Failed to establish a new "
+                       r"connection|Could not fetch URL|"
                        r"unable to access|Connection refused|Network is unreachable|timed out", re.I)
 _HOST = re.compile(r"(?:https?|git|ftp)://([A-Za-z0-9.-]+\.[A-Za-z]{2,})|Could not resolve host:? "
-                   r"'?([A-Za-z0-9.-]+\.[A-Za-z]{2,})|host=?'([A-Za-z0-9.-]+\.[A-Za-z]{2,})'")
+                   r"'?([A-Za-z0-9.-]+\.[A-Za-z]{2,})|(?:host=?|resolving )'([A-Za-z0-9.-]+\.[A-Za-z]{2,})'")
 
 
 def unreachable_hosts(lines: list[str]) -> list[str]:
