@@ -265,7 +265,7 @@ class DockerSandbox(ShellSandbox):
         """The image's own content of the area paths, extracted once per image id."""
         import docker
         img = self.client.images.get(image)
-        dest = self.state_dir / "docker-seed" / img.id.replace(":", "-")
+        dest = self.state_dir / "docker-seed" / (img.id.replace(":", "-") + ".2")  # .2: modes kept
         with _seed_lock:
             if dest.is_dir():
                 return dest
@@ -280,7 +280,13 @@ class DockerSandbox(ShellSandbox):
                         stream, _ = c.get_archive(path)
                     except docker.errors.NotFound:
                         continue
-                    _extract(b"".join(stream), tmp / name, strip_top=True, keep_symlinks=True)
+                    data = b"".join(stream)
+                    _extract(data, tmp / name, strip_top=True, keep_symlinks=True)
+                    with tarfile.open(fileobj=io.BytesIO(data)) as tar:   # the area's own mode
+                        top = next((m for m in tar if m.isdir() and "/" not in m.name.strip("/")),
+                                   None)                                  # (/tmp: 1777)
+                    if top is not None:
+                        os.chmod(tmp / name, top.mode & 0o7777)
             finally:
                 c.remove(force=True)
             try:
