@@ -440,7 +440,7 @@ def unreachable_hosts(lines: list[str]) -> list[str]:
             continue
         found = [next(g for g in m.groups() if g) for m in _HOST.finditer(line)]
         for back in range(i - 1, max(-1, i - 4), -1):    # pip names only the path: look back
-            if found:
+            if found or not re.search(r"Retrying|NewConnectionError", line):
                 break
             found = [next(g for g in m.groups() if g) for m in _HOST.finditer(lines[back])][-1:]
         hosts.extend(h for h in found if h not in hosts)
