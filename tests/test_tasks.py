@@ -239,6 +239,14 @@ def test_ubuntu_package_names_map_to_debian():
         "a", "b 'c && d'", "e", "f || g"]
 
 
+def test_copy_to_dot_or_the_workdir_copies_into_it(tmp_path):
+    plan = _plan(tmp_path, "FROM ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250624\n"
+                 "COPY a.sh .\nCOPY b.txt /app\nCOPY c.txt ./sub/.\n",
+                 {"a.sh": "x", "b.txt": "y", "c.txt": "z"})
+    copies = [(s.dest, s.dest_is_dir) for s in plan.steps if isinstance(s, dfile.CopyStep)]
+    assert plan.workdir == "/app" and copies == [("/app", True), ("/app", True), ("/app/sub", True)]
+
+
 def test_copy_destinations_resolve_against_workdir(tmp_path):
     plan = _plan(tmp_path, "FROM debian:12\nWORKDIR /srv\nWORKDIR web\nCOPY a.txt b.txt ./\n"
                  "COPY --chmod=755 run.sh bin/run\nCOPY conf conf\n",

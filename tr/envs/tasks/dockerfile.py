@@ -352,8 +352,10 @@ def _copy_step(dockerfile: Path, context: Path, ins: Instruction, workdir: str,
                 raise NeedsDocker(dockerfile, ins.lineno, ins.text, "ADD of a tar archive (which "
                                   "Docker unpacks) is not carried out locally")
             resolved.append(path)
-    dest_is_dir = dest.endswith("/") or len(resolved) > 1 or resolved[0].is_dir()
     absolute = posixpath.normpath(posixpath.join(workdir, dest))
+    # `COPY f .` (or onto the WORKDIR itself): the destination is a folder, as in Docker
+    dest_is_dir = (dest.endswith(("/", "/.")) or dest == "." or absolute == workdir
+                   or len(resolved) > 1 or resolved[0].is_dir())
     return CopyStep(ins.lineno, tuple(resolved), absolute, dest_is_dir, chmod)
 
 
