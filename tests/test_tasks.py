@@ -227,6 +227,10 @@ def test_installs_the_host_already_has_are_skipped_with_a_note(tmp_path):
     assert plan.notes == (
         "Dockerfile:3: skipped the install of bash, coreutils: the host has them",
         "Dockerfile:4: skipped the install of pip: the host has them")
+    plan = _plan(tmp_path, "FROM ubuntu:24.04\nRUN apt-get update && apt-get install -y tmux "
+                 "asciinema\n")
+    assert plan.notes == ("Dockerfile:2: skipped tmux, asciinema: Terminal-Bench's own session "
+                          "tools, which tr does not use",)
 
 
 def test_ubuntu_package_names_map_to_debian():
@@ -456,6 +460,10 @@ def test_failing_dockerfile_run_step_names_the_line(tmp_path):
     assert result.error == "environment"
     assert "RUN at environment/Dockerfile:3" in result.error_detail
     assert "step-output" in result.error_detail
+    (task_dir / "environment" / "Dockerfile").write_text("FROM debian:12\nRUN mkdir /protected\n")
+    result, _ = runner.run_task(load_task(task_dir), "none", "local")
+    assert "RUN at environment/Dockerfile:2 writes outside the local sandbox's writable folders (" \
+        in result.error_detail and "run this task with --backend docker" in result.error_detail
 
 
 def _docker_available() -> bool:

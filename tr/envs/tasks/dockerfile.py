@@ -266,6 +266,11 @@ def _without_installs(dockerfile: Path, ins: Instruction, command: str,
             apt.extend(request[1])
         elif request[0] == "pip":
             pip.extend(request[1])
+    harness = [n for n in apt if n in packages.HARNESS_TOOLS]
+    apt = [n for n in apt if n not in packages.HARNESS_TOOLS]
+    if harness:
+        notes.append(f"{dockerfile.name}:{ins.lineno}: skipped {', '.join(harness)}: Terminal-"
+                     "Bench's own session tools, which tr does not use")
     missing_apt, missing_pip = packages.missing_apt(apt), packages.missing_pip(pip)
     if missing_apt or missing_pip:
         what = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in
@@ -278,6 +283,8 @@ def _without_installs(dockerfile: Path, ins: Instruction, command: str,
                           f"not have ({what}); run it with --backend docker, or install them on "
                           f"the host ({todo}) to run it locally")
     have = ", ".join([*apt, *pip])
+    if harness and not have:
+        return " && ".join(kept) if kept else None
     notes.append(f"{dockerfile.name}:{ins.lineno}: skipped the install of "
                  f"{have or 'nothing (apt-get update)'}: the host has "
                  f"{'them' if have else 'what the sandbox uses'}")

@@ -27,6 +27,9 @@ UBUNTU_TO_DEBIAN = {
     "libasound2t64": "libasound2", "libicu74": "libicu72", "libicu70": "libicu72",
     "gcc-13": "gcc-12", "g++-13": "g++-12", "clang-18": "clang-16", "llvm-18": "llvm-16",
 }
+# What Terminal-Bench's harness installs for itself (its tmux session and asciinema recording):
+# the local backend skips them with a note.
+HARNESS_TOOLS = {"tmux", "asciinema"}
 # apt/pip commands that only prepare or clean up (no package of their own).
 _NOOP = re.compile(r"^\s*((sudo\s+)?apt(-get)?\s+(-\S+\s+)*(update|clean|autoclean|autoremove)\b.*|"
                    r"rm\s+-r?f+r?\s+/var/lib/apt/lists/?\*?\s*|"

@@ -29,6 +29,7 @@ HARBOR_SOLUTION_DIR = "/solution"       # Harbor: solution/ lands here, as Harbo
 SETUP_TIMEOUT_S = 300.0
 RUN_STEP_TIMEOUT_S = 300.0
 LOCAL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+LOCAL_ROOT_WORKDIR = "/app"    # local backend: stands for a Dockerfile that sets no WORKDIR (/)
 PYTHON_SHIM_DIR = "/root/.local/bin"    # local backend: `python` -> python3 for python images
 
 
@@ -74,7 +75,9 @@ def sandbox_config(task: Task, backend: str = "local", base=None):
             if dfile.PYTHON_IMAGES.match(plan.base_image) and "PATH" not in env:
                 # a python image has `python`; the host's /usr may only have python3
                 env["PATH"] = f"{LOCAL_PATH}:{PYTHON_SHIM_DIR}"
-            return dataclasses.replace(config, workdir=plan.workdir, env=env)
+            # Docker's default WORKDIR is /, which the local sandbox cannot make writable
+            workdir = plan.workdir if plan.workdir != "/" else LOCAL_ROOT_WORKDIR
+            return dataclasses.replace(config, workdir=workdir, env=env)
         return dataclasses.replace(config, workdir=env.workdir)
     if backend == "docker":
         return dataclasses.replace(config, workdir=_docker_workdir(task),
@@ -181,7 +184,14 @@ def prepare(task: Task, sandbox, backend: str = "local") -> None:
                 exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in step.env.items())
                 command = (f"{exports}mkdir -p {shlex.quote(step.workdir)} && "
                            f"cd {shlex.quote(step.workdir)} && /bin/sh -c {shlex.quote(step.command)}")
-                _must(sandbox.run_fresh(command, timeout_s=RUN_STEP_TIMEOUT_S), f"RUN at {where}")
+                result = sandbox.run_fresh(command, timeout_s=RUN_STEP_TIMEOUT_S)
+                if result.exit_code != 0 and "Read-only file system" in result.output:
+                    writable = ", ".join(sorted(getattr(sandbox, "areas", {}) or ()))
+                    raise TaskEnvironmentError(
+                        f"RUN at {where} writes outside the local sandbox's writable folders "
+                        f"({writable}); run this task with --backend docker:\n"
+                        f"{result.output[-2000:]}")
+                _must(result, f"RUN at {where}")
 
 
 # ---------------------------------------------------------------- attempts
@@ -327,7 +337,11 @@ def environment_notes(task: Task, sandbox=None, backend: str | None = None) -> l
             plan = local_plan(task)
         except TaskEnvironmentError:
             return []
-        return list(plan.notes) if plan is not None else []
+        if plan is None:
+            return []
+        extra = ([f"the Dockerfile sets no WORKDIR (Docker's default is /): the local backend "
+                  f"works in {LOCAL_ROOT_WORKDIR}"] if plan.workdir == "/" else [])
+        return list(plan.notes) + extra
     image = getattr(getattr(sandbox, "config", None), "image", None)
     return list(IMAGE_NOTES.get(image, ()))
 
