@@ -315,6 +315,18 @@ def _standin_lines(instruction_text: str) -> str:
     return re.sub(r"(\bapt(?:-get)?\s+(?:-\S+\s+)*install\s+)([^;&|\n]*)", fix, instruction_text)
 
 
+def _multi_source_copy(line: str) -> str:
+    """`COPY a b /app` -> `COPY a b /app/`: BuildKit (Terminal-Bench's builder) takes a folder
+    without the slash, the classic builder this engine API runs refuses it."""
+    m = re.match(r"^(\s*(?:COPY|ADD)\s+)((?:--\S+\s+)*)([^\[].*?)\s*$", line, re.IGNORECASE)
+    if not m or line.rstrip().endswith("\\"):
+        return line
+    words = m.group(3).split()
+    if len(words) > 2 and not words[-1].endswith("/"):
+        return f"{m.group(1)}{m.group(2)}{' '.join(words[:-1])} {words[-1]}/"
+    return line
+
+
 def _rewrite(client, dockerfile: Path, log, notes: list) -> tuple[str, list[str]]:
     """The Dockerfile as built: FROMs resolved (see build_task_image); in stand-in stages a
     t-bench image's ``WORKDIR /app`` and Debian package names.  Returns (text, stand-in images)."""
@@ -345,6 +357,7 @@ def _rewrite(client, dockerfile: Path, log, notes: list) -> tuple[str, list[str]
             if standin_stage and _TBENCH.match(m.group(2)):
                 out.append("WORKDIR /app")      # what t-bench's own base images set
             continue
+        line = _multi_source_copy(line)
         if standin_stage:
             line = _standin_lines(line)
             other = re.search(r"/usr/local/lib/python3\.(\d+)|\bpython3\.(\d+)\b", line)
