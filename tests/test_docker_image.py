@@ -107,5 +107,6 @@ def test_build_errors_name_the_hosts_that_could_not_be_reached():
 def test_multi_source_copy_gets_a_folder_destination():
     assert images._multi_source_copy("COPY a.py b.py /app") == "COPY a.py b.py /app/"
     assert images._multi_source_copy("COPY --chown=1:1 a b c /x") == "COPY --chown=1:1 a b c /x/"
+    assert images._multi_source_copy("COPY task-deps/* /app") == "COPY task-deps/* /app/"
     for same in ("COPY a.py /app", "COPY a b /app/", 'COPY ["a", "b", "/app"]', "RUN cp a b c"):
         assert images._multi_source_copy(same) == same

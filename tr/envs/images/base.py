@@ -316,13 +316,14 @@ def _standin_lines(instruction_text: str) -> str:
 
 
 def _multi_source_copy(line: str) -> str:
-    """`COPY a b /app` -> `COPY a b /app/`: BuildKit (Terminal-Bench's builder) takes a folder
+    """`COPY a b /app` (or `COPY dir/* /app`) -> `.../app/`: BuildKit (Terminal-Bench's builder) takes a folder
     without the slash, the classic builder this engine API runs refuses it."""
     m = re.match(r"^(\s*(?:COPY|ADD)\s+)((?:--\S+\s+)*)([^\[].*?)\s*$", line, re.IGNORECASE)
     if not m or line.rstrip().endswith("\\"):
         return line
     words = m.group(3).split()
-    if len(words) > 2 and not words[-1].endswith("/"):
+    globbed = any(c in w for w in words[:-1] for c in "*?[")
+    if (len(words) > 2 or (globbed and len(words) == 2)) and not words[-1].endswith("/"):
         return f"{m.group(1)}{m.group(2)}{' '.join(words[:-1])} {words[-1]}/"
     return line
 
