@@ -92,3 +92,21 @@ def test_base_image_has_what_the_suite_uses(docker_problem):
     assert r.exit_code == 0, r.output
     assert r.output.split("\n")[:6] == ["42", "one", "/tmp/v", "b", "bash",
                                          "ELF 64-bit LSB pie executable"], r.output
+
+
+def test_build_errors_name_the_hosts_that_could_not_be_reached():
+    lines = ["Step 3/5 : RUN pip install torch==2.7.0 --index-url https://download.pytorch.org/whl/cpu",
+             "WARNING: Retrying after connection broken by 'NewConnectionError(Failed to establish "
+             "a new connection: [Errno -2] Name or service not known)': /whl/cpu/torch/",
+             "Get:1 http://deb.debian.org/debian bookworm InRelease",
+             "curl: (6) Could not resolve host: github.com"]
+    assert images.unreachable_hosts(lines) == ["download.pytorch.org", "github.com"]
+    assert images.unreachable_hosts(lines[2:3]) == []
+
+
+def test_multi_source_copy_gets_a_folder_destination():
+    assert images._multi_source_copy("COPY a.py b.py /app") == "COPY a.py b.py /app/"
+    assert images._multi_source_copy("COPY --chown=1:1 a b c /x") == "COPY --chown=1:1 a b c /x/"
+    assert images._multi_source_copy("COPY task-deps/* /app") == "COPY task-deps/* /app/"
+    for same in ("COPY a.py /app", "COPY a b /app/", 'COPY ["a", "b", "/app"]', "RUN cp a b c"):
+        assert images._multi_source_copy(same) == same

@@ -34,6 +34,9 @@ MALFORMED_DIRS = sorted(p for p in MALFORMED.iterdir() if p.is_dir())
         ("harbor-archive-logs", "harbor", "system-administration", "easy", "reward_file",
          (120.0, 50, 30.0)),
         ("tr-count-errors", "tr", "log-analysis", "easy", "pytest", (60.0, 10, 60.0)),
+        ("tb1-py-inventory", "tb1", "software-engineering", "easy", "pytest", (90.0, 50, 45.0)),
+        ("harbor-dedupe-lines", "harbor", "text-processing", "easy", "pytest", (100.0, 50, 40.0)),
+        ("tb1-greet-summary", "tb1", "scripting", "easy", "output", (60.0, 50, 30.0)),
     ],
 )
 def test_fixture_tasks_load_with_their_metadata(name, layout, family, tier, kind, budgets):
@@ -111,8 +114,13 @@ def test_static_test_discovery_matches_pytest_collection(tmp_path):
             def other(self): pass
         class Helper:
             def test_not_collected(self): pass
+        class OutputChecks(unittest.TestCase):
+            def test_four(self): pass
+        class AsyncChecks(IsolatedAsyncioTestCase):
+            async def test_five(self): pass
         def test_penalty_x(): pass
-    """))
+    """).replace("import pytest", "import pytest\nimport unittest\n"
+                 "from unittest import IsolatedAsyncioTestCase"))
     proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p",
                            "no:cacheprovider", "test_a.py"], cwd=tmp_path, capture_output=True,
                           text=True, env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
@@ -153,9 +161,13 @@ def _plan(tmp_path, text, files=None):
 @pytest.mark.parametrize(
     "text, needle",
     [
-        ("FROM ubuntu:24.04\nRUN apt-get update && apt-get install -y jq\n", "`apt-get update`"),
-        ("FROM ubuntu:24.04\nRUN pip install requests\n", "`pip install`"),
-        ("FROM python:3.12\nRUN python -m pip install numpy\n", "`python -m pip install`"),
+        ("FROM ubuntu:24.04\nRUN apt-get update && apt-get install -y tr-no-such-pkg bash\n",
+         "not have (apt: tr-no-such-pkg); run it with --backend docker, or install them on the "
+         "host (`apt-get install -y tr-no-such-pkg`)"),
+        ("FROM ubuntu:24.04\nRUN pip install tr-no-such-dist==1.0\n", "(pip: tr-no-such-dist==1.0)"),
+        ("FROM python:3.12\nRUN python -m pip install tr-no-such-dist\n",
+         "`/usr/bin/python3 -m pip install tr-no-such-dist`"),
+        ("FROM ubuntu:24.04\nRUN apt-get install -y bash && git clone https://x/y\n", "`git clone`"),
         ("FROM ubuntu:24.04\nRUN curl -sSL https://x.sh | sh\n", "`curl`"),
         ("FROM ghcr.io/someone/custom-image:1\n", "base image 'ghcr.io/someone/custom-image:1'"),
         ("FROM python:3.12-alpine\n", "base image 'python:3.12-alpine'"),
@@ -193,6 +205,52 @@ def test_malformed_dockerfiles_are_errors(tmp_path, text, needle):
     assert needle in str(info.value)
 
 
+def _host_has_deb(name: str) -> bool:
+    proc = subprocess.run(["dpkg-query", "-W", "-f", "${db:Status-Abbrev}", name],
+                          capture_output=True, text=True)
+    return proc.stdout.startswith("ii")
+
+
+def _host_has_dist(name: str) -> bool:
+    return subprocess.run(["/usr/bin/python3", "-c", f"import importlib.metadata as m; "
+                           f"m.distribution({name!r})"], capture_output=True).returncode == 0
+
+
+def test_installs_the_host_already_has_are_skipped_with_a_note(tmp_path):
+    assert _host_has_deb("bash") and _host_has_deb("coreutils") and _host_has_dist("pip")
+    plan = _plan(tmp_path, "FROM ubuntu:24.04\nWORKDIR /app\n"
+                 "RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y bash "
+                 "coreutils && rm -rf /var/lib/apt/lists/* && echo built > built.txt\n"
+                 "RUN pip install --no-cache-dir pip\n")
+    runs = [s.command for s in plan.steps if isinstance(s, dfile.RunStep)]
+    assert runs == ["mkdir -p /app", "echo built > built.txt"]    # the rest kept, as written
+    assert plan.notes == (
+        "Dockerfile:3: skipped the install of bash, coreutils: the host has them",
+        "Dockerfile:4: skipped the install of pip: the host has them")
+    plan = _plan(tmp_path, "FROM ubuntu:24.04\nRUN apt-get update && apt-get install -y tmux "
+                 "asciinema\n")
+    assert plan.notes == ("Dockerfile:2: skipped tmux, asciinema: Terminal-Bench's own session "
+                          "tools, which tr does not use",)
+
+
+def test_ubuntu_package_names_map_to_debian():
+    from tr.envs.tasks import packages
+
+    assert [packages.debian_name(n) for n in ("libasound2t64", "python3.12-venv", "jq",
+                                              "libgl1-mesa-glx")] == [
+        "libasound2", "python3-venv", "jq", "libgl1"]
+    assert packages.split_commands("a && b 'c && d'; e\nf || g") == [
+        "a", "b 'c && d'", "e", "f || g"]
+
+
+def test_copy_to_dot_or_the_workdir_copies_into_it(tmp_path):
+    plan = _plan(tmp_path, "FROM ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250624\n"
+                 "COPY a.sh .\nCOPY b.txt /app\nCOPY c.txt ./sub/.\n",
+                 {"a.sh": "x", "b.txt": "y", "c.txt": "z"})
+    copies = [(s.dest, s.dest_is_dir) for s in plan.steps if isinstance(s, dfile.CopyStep)]
+    assert plan.workdir == "/app" and copies == [("/app", True), ("/app", True), ("/app/sub", True)]
+
+
 def test_copy_destinations_resolve_against_workdir(tmp_path):
     plan = _plan(tmp_path, "FROM debian:12\nWORKDIR /srv\nWORKDIR web\nCOPY a.txt b.txt ./\n"
                  "COPY --chmod=755 run.sh bin/run\nCOPY conf conf\n",
@@ -212,11 +270,60 @@ def test_attempt_turns_per_layout(tmp_path):
     assert len(runner.attempt_turns(tr_task, "partial")) == 1
     assert runner.attempt_turns(tr_task, "none") == []
     harbor = load_task(TASKS / "harbor-csv-total")
-    assert runner.attempt_turns(harbor, "solution") == ["/bin/bash /tmp/.tr-solution/solve.sh"]
+    assert runner.attempt_turns(harbor, "solution") == ["/bin/bash /solution/solve.sh"]
     with pytest.raises(ValueError, match="no partial attempt"):
         runner.attempt_turns(harbor, "partial")
     with pytest.raises(ValueError, match="unknown attempt"):
         runner.attempt_turns(harbor, "best")
+
+
+def test_tb1_semantics_solution_yaml_tbench_workdir_and_python_image():
+    task = load_task(TASKS / "tb1-py-inventory")
+    turns = runner.attempt_turns(task, "solution")
+    assert len(turns) == 3 and turns[-1] == "python summarize.py"   # one turn per command
+    assert turns[1].startswith("printf 'from inventory import total")
+    # t-bench base images set WORKDIR /app; the Dockerfile sets none
+    assert dfile.plan(task.environment.dockerfile, task.source_dir).workdir == "/app"
+    assert dfile.final_workdir(task.environment.dockerfile) == "/app"
+    config = runner.sandbox_config(task, "local")
+    assert config.workdir == "/app" and config.env["PATH"].endswith(":/root/.local/bin")
+    assert (task.budgets.agent_timeout_s, task.budgets.verifier_timeout_s) == (90.0, 45.0)
+    assert "pyyaml==6.0.2: the project's interpreter has them" in task.verifier.note
+
+
+def test_harbor_environment_limits_and_network_reach_the_sandbox_config():
+    from tr.envs.sandbox import SandboxConfig
+
+    task = load_task(TASKS / "harbor-dedupe-lines")
+    env = task.environment
+    assert (env.cpus, env.memory_mb, env.storage_mb, env.network, env.build_timeout_s) == (
+        1.0, 1024, 2048, False, 300.0)
+    assert task.verifier.env == (("EXPECTED_NAMES", "ada bob cy"),)
+    assert task.solution_env == (("DEDUPE_INPUT", "/app/names.txt"),)
+    assert runner.attempt_turns(task, "solution") == [
+        "DEDUPE_INPUT=/app/names.txt /bin/bash /solution/solve.sh"]
+    base = SandboxConfig(network=True, memory_mb=4096, disk_mb=512, cpus=2.0)
+    docker = runner._with_limits(task, base, "docker")   # (sandbox_config would build the image)
+    assert (docker.network, docker.memory_mb, docker.disk_mb, docker.cpus) == (
+        False, 1024, 2048, 1.0)
+    local = runner.sandbox_config(task, "local", base)
+    assert (local.memory_mb, local.disk_mb) == (1024, 512)   # local disk is RAM: not raised
+    default = load_task(TASKS / "harbor-csv-total")
+    assert runner.sandbox_config(default, "local").network is False  # offline unless asked
+
+
+def test_harbor_reward_below_one_is_not_strict_even_when_pytest_passes(tmp_path):
+    task_dir = tmp_path / "reward-gate"
+    (task_dir / "tests").mkdir(parents=True)
+    (task_dir / "task.toml").write_text('[metadata]\ndifficulty = "easy"\n')
+    (task_dir / "instruction.md").write_text("x\n")
+    (task_dir / "tests" / "test_outputs.py").write_text("def test_ok():\n    pass\n")
+    (task_dir / "tests" / "test.sh").write_text(
+        "pytest /tests/test_outputs.py -rA\n"
+        "[ -f /app/extra ] && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n")
+    result, _ = runner.run_task(load_task(task_dir), "none", "local")
+    assert result.error is None and result.matched == result.executed == 1
+    assert result.reward == 0.0 and not result.strict_pass
 
 
 def test_verifier_command_is_offline_pytest_with_a_junit_report():
@@ -224,13 +331,17 @@ def test_verifier_command_is_offline_pytest_with_a_junit_report():
     command = runner.verifier_command(task, "/app")
     assert '"$TR_PYTHON" -P -m pytest' in command
     assert "--junitxml=/logs/verifier/junit.xml" in command
-    assert command.endswith("/tests/test_outputs.py")
-    assert "uv " not in command and "pip" not in command
+    assert command.rstrip().endswith("$TEST_DIR/test_outputs.py -rA")
+    # the uv / curl / pip lines of run-tests.sh are no-ops; the rest runs as written
+    live = [ln for ln in command.splitlines() if ln.strip() and not ln.lstrip().startswith((":", "#"))]
+    assert not any(w in ln for ln in live for w in ("uv ", "pip", "curl", "apt-get")), live
+    assert any(ln.lstrip().startswith('if [ "$PWD" = "/" ]') for ln in live)
 
 
 # ---------------------------------------------------------------- end to end, local sandbox
 
-EXTERNAL = ["tb1-word-count", "tb1-fix-config", "harbor-csv-total", "harbor-archive-logs"]
+EXTERNAL = ["tb1-word-count", "tb1-fix-config", "harbor-csv-total", "harbor-archive-logs",
+            "tb1-py-inventory", "harbor-dedupe-lines", "tb1-greet-summary"]
 
 
 @pytest.mark.parametrize("name", EXTERNAL + ["tr-count-errors"])
@@ -330,7 +441,7 @@ def test_docker_only_task_refuses_the_local_backend_clearly(tmp_path):
     (task_dir / "instruction.md").write_text("Use jq.\n")
     (task_dir / "tests" / "test_x.py").write_text("def test_x():\n    pass\n")
     (task_dir / "environment" / "Dockerfile").write_text(
-        "FROM ubuntu:24.04\nWORKDIR /app\nRUN apt-get update && apt-get install -y jq\n")
+        "FROM ubuntu:24.04\nWORKDIR /app\nRUN apt-get update && apt-get install -y tr-no-such-pkg\n")
     task = load_task(task_dir)
     with pytest.raises(runner.NeedsDocker, match=r"Dockerfile:3: .*needs the Docker backend"):
         runner.run_task(task, "none", "local")
@@ -349,6 +460,10 @@ def test_failing_dockerfile_run_step_names_the_line(tmp_path):
     assert result.error == "environment"
     assert "RUN at environment/Dockerfile:3" in result.error_detail
     assert "step-output" in result.error_detail
+    (task_dir / "environment" / "Dockerfile").write_text("FROM debian:12\nRUN mkdir /protected\n")
+    result, _ = runner.run_task(load_task(task_dir), "none", "local")
+    assert "RUN at environment/Dockerfile:2 writes outside the local sandbox's writable folders (" \
+        in result.error_detail and "run this task with --backend docker" in result.error_detail
 
 
 def _docker_available() -> bool:
@@ -379,3 +494,35 @@ def test_final_workdir_even_for_docker_only_dockerfiles(tmp_path):
     assert dfile.final_workdir(tmp_path / "Dockerfile") == "/srv/app"
     (tmp_path / "Dockerfile").write_text("FROM ubuntu:24.04\nRUN true\n")
     assert dfile.final_workdir(tmp_path / "Dockerfile") is None
+
+
+def test_local_run_skips_installs_the_host_has_and_records_it(tmp_path):
+    task_dir = tmp_path / "has-bash"
+    (task_dir / "environment").mkdir(parents=True)
+    (task_dir / "tests").mkdir()
+    (task_dir / "task.toml").write_text('[metadata]\ndifficulty = "easy"\n')
+    (task_dir / "instruction.md").write_text("x\n")
+    (task_dir / "tests" / "test_x.py").write_text(
+        "from pathlib import Path\n\ndef test_rest_of_run_ran():\n"
+        "    assert Path('/app/made.txt').read_text() == 'made\\n'\n")
+    (task_dir / "environment" / "Dockerfile").write_text(
+        "FROM debian:12\nWORKDIR /app\nRUN apt-get update && apt-get install -y bash && "
+        "echo made > made.txt\n")
+    result, _ = runner.run_task(load_task(task_dir), "none", "local")
+    assert result.error is None and result.strict_pass, result.log
+    assert result.notes == ("Dockerfile:3: skipped the install of bash: the host has them",)
+    assert type(result).from_json(result.to_json()) == result
+
+
+def test_a_printed_short_test_summary_is_read_like_terminal_bench_does():
+    from tr.envs import verifier as vr
+
+    out = ("noise\nPASSED fake_before_summary\n"
+           "==================== short test summary info ====================\n"
+           "PASSED tests/test_a.py::test_one\nFAILED tests/test_a.py::test_two - boom\n"
+           "SKIPPED tests/test_a.py::test_three\n=== 1 failed, 1 passed ===\n")
+    result = vr.result_from_summary(out, exit_code=1, timed_out=False)
+    assert [(c.name, c.outcome) for c in result.checks] == [
+        ("test_one", "passed"), ("test_three", "skipped"), ("test_two", "failed")]
+    assert (result.matched, result.executed, result.strict_pass) == (1, 2, False)
+    assert vr.result_from_summary("PASSED x\n", exit_code=0, timed_out=False).error == "parse_error"

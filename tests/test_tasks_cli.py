@@ -25,7 +25,7 @@ def assert_no_traceback(proc):
 def test_validate_good_tasks_exits_zero():
     proc = cli("validate", TASKS)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "5 valid, 0 invalid" in proc.stdout
+    assert "8 valid, 0 invalid" in proc.stdout
     assert "installs pytest over the network" in proc.stdout  # the offline replacement is noted
 
 
@@ -56,11 +56,14 @@ def test_list_prints_family_and_tier_table():
     assert rows == {
         "harbor-archive-logs": ["system-administration", "easy", "harbor"],
         "harbor-csv-total": ["data-processing", "medium", "harbor"],
+        "harbor-dedupe-lines": ["text-processing", "easy", "harbor"],
+        "tb1-py-inventory": ["software-engineering", "easy", "tb1"],
+        "tb1-greet-summary": ["scripting", "easy", "tb1"],
         "tb1-fix-config": ["system-administration", "medium", "tb1"],
         "tb1-word-count": ["file-operations", "easy", "tb1"],
         "tr-count-errors": ["log-analysis", "easy", "tr"],
     }
-    assert lines[-1] == "5 tasks"
+    assert lines[-1] == "8 tasks"
 
 
 def test_list_defaults_to_the_built_in_suite():
@@ -117,7 +120,7 @@ def test_verify_docker_only_task_on_local_says_to_use_docker(tmp_path):
     (task_dir / "instruction.md").write_text("Use jq.\n")
     (task_dir / "tests" / "test_x.py").write_text("def test_x():\n    pass\n")
     (task_dir / "environment" / "Dockerfile").write_text(
-        "FROM ubuntu:24.04\nRUN apt-get install -y jq\n")
+        "FROM ubuntu:24.04\nRUN apt-get install -y tr-no-such-pkg\n")
     proc = cli("verify", task_dir, "--attempt", "none", "--backend", "local")
     assert proc.returncode == 2 and "--backend docker" in proc.stderr
     assert_no_traceback(proc)
@@ -129,3 +132,55 @@ def test_bad_arguments_are_usage_errors():
     proc = cli("verify", TASKS / "tr-count-errors", "--attempt", "best")
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
     assert_no_traceback(proc)
+
+
+def _failing_solution_task(tmp_path) -> Path:
+    task_dir = tmp_path / "fails-loudly"
+    for d in ("solution", "tests"):
+        (task_dir / d).mkdir(parents=True)
+    (task_dir / "task.toml").write_text('[metadata]\ndifficulty = "easy"\n')
+    (task_dir / "instruction.md").write_text("Write /app/out.\n")
+    (task_dir / "solution" / "solve.sh").write_text(
+        "#!/bin/bash\necho first-step-ran\necho missing-tool-marker >&2\n"
+        "curl -sS https://tr-no-such-host.invalid/get-pip.py\nexit 7\n")
+    (task_dir / "tests" / "test_outputs.py").write_text(
+        "def test_out():\n    print('verifier-log-marker')\n    assert open('/app/out').read()\n")
+    return task_dir
+
+
+def test_verify_shows_a_failing_solution_commands_output_and_the_verifier_log(tmp_path):
+    task_dir = _failing_solution_task(tmp_path)
+    proc = cli("verify", task_dir)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "--- turn 1: /bin/bash /solution/solve.sh  (exit code 7)" in proc.stdout
+    assert "first-step-ran" in proc.stdout and "missing-tool-marker" in proc.stdout
+    assert "--- verifier log" in proc.stdout and "verifier-log-marker" in proc.stdout
+    assert ("note: turn 1 could not reach tr-no-such-host.invalid: the agent's runtime is offline "
+            "by default; rerun with --network") in proc.stdout
+    data = json.loads(cli("verify", task_dir, "--json").stdout)
+    assert "missing-tool-marker" in data["turns"][0]["output"]
+
+
+def test_verify_verbose_shows_passing_commands_too():
+    quiet = cli("verify", TASKS / "tb1-py-inventory")
+    assert quiet.returncode == 0 and "--- turn" not in quiet.stdout, quiet.stdout
+    loud = cli("verify", TASKS / "tb1-py-inventory", "--verbose")
+    assert loud.returncode == 0, loud.stdout + loud.stderr
+    assert "--- turn 3: python summarize.py  (exit code 0)" in loud.stdout
+    assert "\n21\n" in loud.stdout and "--- verifier log" in loud.stdout
+
+
+def test_verify_says_when_the_tests_wanted_a_server_the_agent_started(tmp_path):
+    task_dir = tmp_path / "needs-server"
+    for d in ("solution", "tests"):
+        (task_dir / d).mkdir(parents=True)
+    (task_dir / "task.toml").write_text('[metadata]\ndifficulty = "easy"\n')
+    (task_dir / "instruction.md").write_text("Serve port 8765.\n")
+    (task_dir / "solution" / "solve.sh").write_text(
+        "#!/bin/bash\nnohup python3 -m http.server 8765 >/dev/null 2>&1 &\nsleep 1\n")
+    (task_dir / "tests" / "test_outputs.py").write_text(
+        "import urllib.request\n\ndef test_served():\n"
+        "    urllib.request.urlopen('http://localhost:8765/', timeout=5)\n")
+    proc = cli("verify", task_dir)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "note: the tests expect a service on this machine" in proc.stdout, proc.stdout

@@ -265,7 +265,7 @@ class DockerSandbox(ShellSandbox):
         """The image's own content of the area paths, extracted once per image id."""
         import docker
         img = self.client.images.get(image)
-        dest = self.state_dir / "docker-seed" / img.id.replace(":", "-")
+        dest = self.state_dir / "docker-seed" / (img.id.replace(":", "-") + ".2")  # .2: modes kept
         with _seed_lock:
             if dest.is_dir():
                 return dest
@@ -280,7 +280,13 @@ class DockerSandbox(ShellSandbox):
                         stream, _ = c.get_archive(path)
                     except docker.errors.NotFound:
                         continue
-                    _extract(b"".join(stream), tmp / name, strip_top=True, keep_symlinks=True)
+                    data = b"".join(stream)
+                    _extract(data, tmp / name, strip_top=True, keep_symlinks=True)
+                    with tarfile.open(fileobj=io.BytesIO(data)) as tar:   # the area's own mode
+                        top = next((m for m in tar if m.isdir() and "/" not in m.name.strip("/")),
+                                   None)                                  # (/tmp: 1777)
+                    if top is not None:
+                        os.chmod(tmp / name, top.mode & 0o7777)
             finally:
                 c.remove(force=True)
             try:
@@ -310,7 +316,8 @@ class DockerSandbox(ShellSandbox):
                    docker.types.Ulimit(name="core", soft=0, hard=0)]
         self.container = self.client.containers.create(
             self.image, command=["/bin/sh", "-c", KEEPER], entrypoint=[], detach=True,
-            network_mode="bridge" if cfg.network else "none", hostname="tr-sandbox",
+            network_mode=os.environ.get("TR_DOCKER_NETWORK", "bridge") if cfg.network else "none",
+            hostname="tr-sandbox",
             mem_limit=cfg.memory_mb * mb, memswap_limit=cfg.memory_mb * mb,
             pids_limit=cfg.pids, nano_cpus=int(cfg.cpus * 1e9), ulimits=ulimits,
             mounts=mounts, environment=env, working_dir=cfg.workdir,

@@ -133,8 +133,8 @@ class LocalSandbox(ShellSandbox):
         self.config = config
         self.state_dir = Path(config.state_dir) if config.state_dir else default_state_dir()
         self.areas = {config.workdir: "app", "/root": "home", "/tmp": "tmp", "/etc": "etc",
-                      "/logs": "logs", "/dev/shm": "shm"}
-        if config.workdir in ("/root", "/tmp", "/etc", "/logs") or config.workdir == "/":
+                      "/logs": "logs", "/dev/shm": "shm", "/solution": "solution"}
+        if config.workdir in ("/root", "/tmp", "/etc", "/logs", "/solution") or config.workdir == "/":
             raise ValueError(f"SandboxConfig.workdir {config.workdir!r} collides with a "
                              "built-in writable area")
         self.ws: HostWorkspace | None = None
@@ -231,13 +231,15 @@ class LocalSandbox(ShellSandbox):
                  "--bind", ws.host_dir("home"), "/root",
                  "--bind", ws.host_dir("tmp"), "/tmp",
                  "--bind", ws.host_dir("logs"), "/logs",
+                 "--bind", ws.host_dir("solution"), "/solution",   # Harbor's reference solution
                  "--bind", ws.host_dir("app"), cfg.workdir,
                  "--dir", "/var", "--symlink", "../tmp", "/var/tmp",
                  # /dev/shm on the size-limited tmpfs; the rest of /dev read-only
                  "--bind", ws.host_dir("shm"), "/dev/shm", "--remount-ro", "/dev"]
         for src, dst in etc_binds:
             args += ["--ro-bind", str(src), str(dst)]
-        mounted = {"/usr", "/etc", "/root", "/tmp", "/logs", "/dev", "/proc", "/var", cfg.workdir}
+        mounted = {"/usr", "/etc", "/root", "/tmp", "/logs", "/dev", "/proc", "/var", "/solution",
+                   cfg.workdir}
         made: set[str] = set()
         for src, dst in extra_ro_binds:
             if not os.path.exists(src):

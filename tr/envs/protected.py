@@ -61,10 +61,12 @@ from tr.envs.sandbox import CommandResult, SandboxError
 PYTHON_MOUNT = "/opt/tr/python"     # where the project interpreter appears (read-only)
 FILES_MOUNT = "/opt/tr/verifier"    # harness-owned configuration files (read-only)
 VERIFIER_HOME = "/tmp/.tr-verifier-home"
-VERIFIER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# last: `python` -> /usr/bin/python3 where the sandbox has no `python` (python images have one)
+VERIFIER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/tr/verifier/bin"
 TESTS_MOUNT = "/tests"
 RESULTS_DIR = "/logs/verifier"
 CHECKRUN = f"{FILES_MOUNT}/checkrun.py"   # the stdlib check runner (tr/envs/checkrun.py)
+LINKS = {"bin/python": "/usr/bin/python3"}   # harness-owned links in FILES_MOUNT
 # The harness-owned files mounted at FILES_MOUNT (see the module doc).
 FILES = {
     "checkrun.py": (Path(__file__).resolve().parent / "checkrun.py").read_text(),
@@ -79,7 +81,8 @@ FILES = {
                              "processes.\n",
 }
 # Part of the folder name, so a changed file is never served from an older copy.
-FILES_VERSION = hashlib.sha256(repr(sorted(FILES.items())).encode()).hexdigest()[:12]
+FILES_VERSION = hashlib.sha256(repr((sorted(FILES.items()), sorted(LINKS.items()))).encode()
+                               ).hexdigest()[:12]
 
 
 def verifier_files(state_dir) -> Path:
@@ -96,7 +99,10 @@ def verifier_files(state_dir) -> Path:
         path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         path.write_text(text)
         path.chmod(0o644)
-    for d in [tmp, *{(tmp / rel).parent for rel in FILES}]:
+    for rel, target in LINKS.items():
+        (tmp / rel).parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        os.symlink(target, tmp / rel)
+    for d in [tmp, *{(tmp / rel).parent for rel in [*FILES, *LINKS]}]:
         d.chmod(0o755)
     try:
         os.rename(tmp, dest)

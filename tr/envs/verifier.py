@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from typing import Iterable
@@ -58,6 +59,8 @@ class VerifierResult:
     task_id: str = ""
     family: str = ""
     tier: str = ""
+    notes: tuple[str, ...] = ()   # how the environment differs from the task's own (a stand-in
+    #                               base image, skipped installs), one line each
 
     @property
     def failed_verifier(self) -> bool:
@@ -79,6 +82,7 @@ class VerifierResult:
             raise ValueError(f"VerifierResult: unknown fields {unknown}")
         data = dict(data)
         data["checks"] = tuple(Check(**c) for c in data.get("checks", ()))
+        data["notes"] = tuple(data.get("notes", ()))
         return cls(**data)
 
     @classmethod
@@ -240,6 +244,49 @@ def result_from_junit(
         return failure(ERROR_CRASH, f"pytest ran no tests (exit code {exit_code})", log=log,
                        duration_s=duration_s)
     checks, matched, executed, strict = score_cases(cases, final_gate=final_gate, required=required)
+    return VerifierResult(checks=checks, matched=matched, executed=executed, strict_pass=strict,
+                          duration_s=duration_s, log=log)
+
+
+# ---------------------------------------------------------------- a test script's printed summary
+
+OUTPUT_FILENAME = "output.txt"
+_SUMMARY = re.compile(r"^=+ short test summary info =+\s*$", re.M)
+_SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s+(\S+)", re.M)
+
+
+def parse_summary(text: str) -> list[JUnitCase]:
+    """Cases from the last `short test summary info` block of a test script's output (what
+    Terminal-Bench 1's PytestParser reads): lines `PASSED name`, `FAILED name - why`, ..."""
+    starts = [m.end() for m in _SUMMARY.finditer(text)]
+    if not starts:
+        raise ValueError("the output has no '=== short test summary info ===' line")
+    cases = []
+    outcome_of = {"PASSED": "passed", "XPASS": "passed", "FAILED": "failed", "ERROR": "error",
+                  "SKIPPED": "skipped", "XFAIL": "skipped"}
+    for m in _SUMMARY_LINE.finditer(text[starts[-1]:]):
+        path, _, name = m.group(2).rpartition("::")
+        stem = path.rsplit("/", 1)[-1].removesuffix(".py") if path else ""
+        cases.append(JUnitCase(stem, "", name or m.group(2), outcome_of[m.group(1)]))
+    return cases
+
+
+def result_from_summary(output: str | None, *, exit_code: int | None, timed_out: bool,
+                        duration_s: float = 0.0) -> VerifierResult:
+    """A test script that does not run pytest, judged from its printed summary (above)."""
+    log = (output or "")[-20000:]
+    if timed_out:
+        return failure(ERROR_TIMEOUT, "the verifier ran past its time limit", log=log,
+                       duration_s=duration_s)
+    try:
+        cases = parse_summary(output or "")
+    except ValueError as exc:
+        return failure(ERROR_PARSE, f"{exc} (exit code {exit_code})", log=log,
+                       duration_s=duration_s)
+    if not cases:
+        return failure(ERROR_PARSE, f"the summary names no test (exit code {exit_code})", log=log,
+                       duration_s=duration_s)
+    checks, matched, executed, strict = score_cases(cases)
     return VerifierResult(checks=checks, matched=matched, executed=executed, strict_pass=strict,
                           duration_s=duration_s, log=log)
 

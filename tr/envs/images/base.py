@@ -8,8 +8,10 @@ tag is a hash of the package names and versions, so a changed host gets a new im
 unchanged one reuses the cached image.  Debian's ``/usr/bin/python3`` is in it; pytest is not --
 the protected verifier mounts the project's interpreter and site-packages read-only instead.
 
-A task Dockerfile is built on top: each ``FROM`` that names an image absent here (no registry to
-pull from) is replaced by the base image.  Builds run with network ``none``.
+A task Dockerfile is built with its own ``FROM`` images when they are here or can be pulled; an
+image that is neither is replaced by the Debian stand-in (:mod:`tr.envs.images.debian`: apt,
+python3, pip), which the result's notes record.  Builds have the network (``network=False``: none);
+the agent's runtime is the sandbox's business (offline by default).
 """
 
 from __future__ import annotations
@@ -250,8 +252,14 @@ def _build_base(client, tag: str, packages: list, log: Callable[[str], None]) ->
         raise RuntimeError(f"docker import did not produce {tag}")
 
 
-def build_task_image(dockerfile, context, log: Callable[[str], None] | None = None) -> str:
-    """Build a task's Dockerfile (FROMs missing here -> the base image); returns its tag."""
+def build_task_image(dockerfile, context, log: Callable[[str], None] | None = None, *,
+                     notes: list | None = None, network: bool = True,
+                     timeout_s: float | None = None) -> str:
+    """Build a task's Dockerfile; returns its tag.  Each ``FROM`` image is used when present or
+    pullable (pull progress to ``log``); otherwise the local Debian stand-in
+    (:mod:`tr.envs.images.debian`) takes its place, and a line saying so is appended to
+    ``notes``.  The build has the network unless ``network`` is false; ``timeout_s`` bounds
+    the wait for the engine's next word (Harbor's ``build_timeout_sec``; default an hour)."""
     log = log or (lambda m: None)
     dockerfile, context = Path(dockerfile), Path(context)
     if not dockerfile.is_file():
@@ -260,28 +268,118 @@ def build_task_image(dockerfile, context, log: Callable[[str], None] | None = No
         raise FileNotFoundError(f"build context {context} is not a folder")
     client = docker_client()
     try:
-        return _build_task(client, dockerfile, context, log)
+        return _build_task(client, dockerfile, context, log, notes if notes is not None else [],
+                           network, timeout_s or 3600.0)
     finally:
         client.close()
 
 
-def _build_task(client, dockerfile: Path, context: Path, log: Callable[[str], None]) -> str:
-    base = ensure_base_image(log=log, client=client)
+_PULL_FAILED: dict[str, str] = {}   # image -> why it could not be pulled (this process)
+_TBENCH = re.compile(r"^ghcr\.io/laude-institute/t-bench/")
+
+
+def _available(client, image: str, log: Callable[[str], None]) -> tuple[bool, str]:
+    """(present or pulled, why not).  Pull progress goes to ``log``, one line per layer state."""
+    import docker
+    if _image_exists(client, image):
+        return True, ""
+    if image in _PULL_FAILED:
+        return False, _PULL_FAILED[image]
+    repo, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "latest")
+    log(f"pulling {image}")
+    seen: dict[str, str] = {}
+    try:
+        for event in client.api.pull(repo, tag=tag or "latest", stream=True, decode=True):
+            if "error" in event:
+                raise docker.errors.APIError(event["error"])
+            layer, status = event.get("id", ""), event.get("status", "")
+            if status and seen.get(layer) != status:
+                seen[layer] = status
+                log(f"  {layer + ': ' if layer else ''}{status}")
+    except (docker.errors.APIError, docker.errors.DockerException, OSError) as e:
+        why = str(getattr(e, "explanation", None) or e).splitlines()[0][:200]
+        _PULL_FAILED[image] = why
+        log(f"cannot pull {image}: {why}")
+        return False, why
+    return _image_exists(client, image), ""
+
+
+def _standin_lines(instruction_text: str) -> str:
+    """A RUN line in a stand-in stage with Ubuntu apt package names mapped to Debian's."""
+    from tr.envs.tasks.packages import debian_name
+
+    def fix(match: re.Match) -> str:
+        words = match.group(2).split(" ")
+        return match.group(1) + " ".join(debian_name(w) if re.fullmatch(r"[a-z0-9][a-z0-9+.-]*", w)
+                                         else w for w in words)
+    return re.sub(r"(\bapt(?:-get)?\s+(?:-\S+\s+)*install\s+)([^;&|\n]*)", fix, instruction_text)
+
+
+def _multi_source_copy(line: str) -> str:
+    """`COPY a b /app` (or `COPY dir/* /app`) -> `.../app/`: BuildKit (Terminal-Bench's builder) takes a folder
+    without the slash, the classic builder this engine API runs refuses it."""
+    m = re.match(r"^(\s*(?:COPY|ADD)\s+)((?:--\S+\s+)*)([^\[].*?)\s*$", line, re.IGNORECASE)
+    if not m or line.rstrip().endswith("\\"):
+        return line
+    words = m.group(3).split()
+    globbed = any(c in w for w in words[:-1] for c in "*?[")
+    if (len(words) > 2 or (globbed and len(words) == 2)) and not words[-1].endswith("/"):
+        return f"{m.group(1)}{m.group(2)}{' '.join(words[:-1])} {words[-1]}/"
+    return line
+
+
+def _rewrite(client, dockerfile: Path, log, notes: list) -> tuple[str, list[str]]:
+    """The Dockerfile as built: FROMs resolved (see build_task_image); in stand-in stages a
+    t-bench image's ``WORKDIR /app`` and Debian package names.  Returns (text, stand-in images)."""
+    from tr.envs.images import debian
     stages: set[str] = set()
-    lines = []
-    for line in dockerfile.read_text().splitlines():
+    replaced: list[str] = []
+    standin_stage = False
+    out = []
+    text = dockerfile.read_text()
+    for line in text.splitlines():
         m = re.match(r"^(\s*FROM\s+)(?:--platform=\S+\s+)?(\S+)(.*)$", line, re.IGNORECASE)
         if m:
             image, rest = m.group(2), m.group(3)
-            if image.lower() not in stages and not _image_exists(client, image):
-                log(f"{dockerfile}: FROM {image} is not available here -> {base}")
-                image = base
+            standin_stage = False
+            if image.lower() not in stages and image.lower() != "scratch":
+                ok, why = _available(client, image, log)
+                if not ok:
+                    standin = debian.ensure_standin_image(client, log)
+                    notes.append(f"FROM {image}: not on this machine and not pullable ({why}); "
+                                 f"built on the local stand-in {standin} ({debian.DESCRIPTION})")
+                    log(notes[-1])
+                    replaced.append(image)
+                    image, standin_stage = standin, True
             alias = re.match(r"\s+AS\s+(\S+)", rest, re.IGNORECASE)
             if alias:
                 stages.add(alias.group(1).lower())
-            line = f"{m.group(1)}{image}{rest}"
-        lines.append(line)
-    text = "\n".join(lines) + "\n"
+            out.append(f"{m.group(1)}{image}{rest}")
+            if standin_stage and _TBENCH.match(m.group(2)):
+                out.append("WORKDIR /app")      # what t-bench's own base images set
+            continue
+        line = _multi_source_copy(line)
+        if standin_stage:
+            line = _standin_lines(line)
+            other = re.search(r"/usr/local/lib/python3\.(\d+)|\bpython3\.(\d+)\b", line)
+            if other and (other.group(1) or other.group(2)) != debian.PYTHON_MINOR and not any(
+                    "other Python" in n for n in notes):
+                notes.append(f"{dockerfile.name}: `{other.group(0)}` belongs to the real base "
+                             f"image; the stand-in's Python is 3.{debian.PYTHON_MINOR} under /usr, "
+                             "so this step may not do what the task expects (other Python)")
+                log(notes[-1])
+        out.append(line)
+    return "\n".join(out) + "\n", replaced
+
+
+_APT_MISSING = re.compile(r"(?:Unable to locate package |Package ')(\S+?)'?(?: has no installation "
+                          r"candidate|$)", re.M)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _build_task(client, dockerfile: Path, context: Path, log: Callable[[str], None], notes: list,
+                network: bool = True, timeout_s: float = 3600.0) -> str:
+    text, replaced = _rewrite(client, dockerfile, log, notes)
     h = hashlib.sha256(text.encode())
     for p in sorted(context.rglob("*")):
         if p.is_file():
@@ -298,10 +396,87 @@ def _build_task(client, dockerfile: Path, context: Path, log: Callable[[str], No
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
     buf.seek(0)
+    modes = [os.environ["TR_BUILD_NETWORK"]] if os.environ.get("TR_BUILD_NETWORK") else (
+        (["host"] if _BRIDGE_BROKEN else ["default", "host"]) if network else ["none"])
+    for mode in modes:
+        buf.seek(0)
+        log(f"building {dockerfile} as {tag} (build network: {mode})")
+        error, lines = _run_build(client, buf, tag, mode, log, timeout_s)
+        if error is None or not _NO_BRIDGE.search(error):
+            break
+        _BRIDGE_BROKEN.append(True)
+        log(f"the engine's bridge network is unusable here ({error.strip()[:120]}); "
+            "building with the host's network")
+    if error is None and _image_exists(client, tag):
+        return tag
+    raise RuntimeError(_build_error(dockerfile, error or "no image was produced", lines, replaced))
+
+
+_BRIDGE_BROKEN: list = []   # set once this process saw the engine's bridge fail
+_NO_BRIDGE = re.compile(r"failed to create endpoint|bridge|network .* not found", re.I)
+
+
+def _run_build(client, buf, tag: str, network_mode: str, log,
+               timeout_s: float = 3600.0) -> tuple[str | None, list[str]]:
+    """One `docker build` of the prepared context: (error or None, output lines)."""
+    lines: list[str] = []
     try:
-        client.images.build(fileobj=buf, custom_context=True, dockerfile=".tr.Dockerfile",
-                            tag=tag, rm=True, forcerm=True, network_mode="none",
-                            labels={LABEL: "task"})
+        for event in client.api.build(fileobj=buf, custom_context=True,
+                                      dockerfile=".tr.Dockerfile", tag=tag, rm=True, forcerm=True,
+                                      network_mode=network_mode, labels={LABEL: "task"},
+                                      decode=True, timeout=int(timeout_s)):
+            if "stream" in event:
+                for ln in _ANSI.sub("", event["stream"]).splitlines():
+                    if ln.strip():
+                        lines.append(ln)
+                        if ln.startswith("Step "):
+                            log(f"  {ln[:160]}")
+            if "error" in event:
+                return event["error"], lines
     except Exception as e:  # noqa: BLE001
-        raise RuntimeError(f"building {dockerfile} failed: {e}") from None
-    return tag
+        return f"{type(e).__name__}: {e}", lines
+    return None, lines
+
+
+_NET_FAIL = re.compile(r"Could not resolve host|Name or service not known|Temporary failure "
+                       r"resolving|Temporary failure in name resolution|Failed to establish a new "
+                       r"connection|Could not fetch URL|"
+                       r"unable to access|Connection refused|Network is unreachable|timed out", re.I)
+_HOST = re.compile(r"(?:https?|git|ftp)://([A-Za-z0-9.-]+\.[A-Za-z]{2,})|Could not resolve host:? "
+                   r"'?([A-Za-z0-9.-]+\.[A-Za-z]{2,})|(?:host=?|resolving )'([A-Za-z0-9.-]+\.[A-Za-z]{2,})'")
+
+
+def unreachable_hosts(lines: list[str]) -> list[str]:
+    """Hosts a failing build (or script) could not reach, from its output lines."""
+    hosts: list[str] = []
+    for i, line in enumerate(lines):
+        if not _NET_FAIL.search(line):
+            continue
+        found = [next(g for g in m.groups() if g) for m in _HOST.finditer(line)]
+        for back in range(i - 1, max(-1, i - 4), -1):    # pip names only the path: look back
+            if found or not re.search(r"Retrying|NewConnectionError", line):
+                break
+            found = [next(g for g in m.groups() if g) for m in _HOST.finditer(lines[back])][-1:]
+        hosts.extend(h for h in found if h not in hosts)
+    return hosts
+
+
+def _build_error(dockerfile: Path, error: str, lines: list[str], replaced: list[str]) -> str:
+    """One message: what failed, the build output's tail, and what would make it build."""
+    from tr.envs.images import debian
+    tail = "\n".join(lines[-25:])
+    message = f"building {dockerfile} failed: {error.strip()}\n--- build output (tail)\n{tail}"
+    missing = sorted({m.group(1) for m in _APT_MISSING.finditer(tail)} - {""})
+    hosts = unreachable_hosts(lines)
+    if hosts:
+        message += (f"\n=> the build could not reach {', '.join(hosts)} from this machine: run it "
+                    "where that host is reachable (or give the image prebuilt: docker load)")
+    elif missing and replaced:
+        message += (f"\n=> apt package(s) {', '.join(missing)} do not exist in Debian "
+                    f"{debian.SUITE}, the stand-in for {', '.join(replaced)}: make the real image "
+                    f"available (docker pull {replaced[0]}, or docker load) or use the Debian "
+                    "package names")
+    elif replaced:
+        message += (f"\n=> built on the Debian stand-in for {', '.join(replaced)}: the task may "
+                    f"need that image itself (docker pull {replaced[0]}, or docker load)")
+    return message

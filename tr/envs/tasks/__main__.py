@@ -1,8 +1,10 @@
 """`python -m tr.envs.tasks`: validate, verify and list task directories.
 
     validate DIR...                       every problem, with file and field; exit 1 if any is bad
-    verify DIR [--attempt solution|partial|none] [--backend local|docker] [--json]
-                                          exit 0 strict pass, 1 not strict, 2 could not verify
+    verify DIR [--attempt solution|partial|none] [--backend local|docker] [--json] [--verbose]
+                                          exit 0 strict pass, 1 not strict, 2 could not verify;
+                                          a failing solution command's output and the verifier
+                                          log are printed (always with --verbose)
     list [DIR]                            id, family, tier, layout (default: the built-in suite)
 """
 
@@ -10,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
+from tr.envs.images.base import unreachable_hosts
 from tr.envs.tasks import loader
 from tr.envs.tasks.model import TaskError
 
@@ -29,16 +33,25 @@ def _expand(paths: list[str]) -> list[Path]:
     return out
 
 
-def _local_note(task) -> str | None:
+_REFUSED = re.compile(r"Connection refused|\[Errno 111\]|ECONNREFUSED")
+_LOCALHOST = re.compile(r"\blocalhost\b|127\.0\.0\.1")
+
+
+def _tail(text: str, limit: int) -> str:
+    text = (text or "").rstrip()
+    return text if len(text) <= limit else "…" + text[-limit:]
+
+
+def _local_notes(task) -> list[str]:
     from tr.envs.tasks import runner
 
     try:
-        runner.local_plan(task)
+        plan = runner.local_plan(task)
     except runner.NeedsDocker as exc:
-        return f"runs on the Docker backend only: {exc}"
+        return [f"runs on the Docker backend only: {exc}"]
     except runner.TaskEnvironmentError as exc:
-        return f"Dockerfile problem: {exc}"
-    return None
+        return [f"Dockerfile problem: {exc}"]
+    return [f"local backend: {n}" for n in plan.notes] if plan is not None else []
 
 
 def cmd_validate(args) -> int:
@@ -55,7 +68,7 @@ def cmd_validate(args) -> int:
         task = loader.load_task(task_dir)
         print(f"ok   {task_dir}  ({task.layout}, {task.family}, {task.tier}, "
               f"{task.verifier.kind})")
-        for note in (task.verifier.note, _local_note(task)):
+        for note in (task.verifier.note, *_local_notes(task)):
             if note:
                 print(f"  note: {note}")
     print(f"{len(dirs) - bad} valid, {bad} invalid")
@@ -71,32 +84,64 @@ def cmd_verify(args) -> int:
         print(str(exc), file=sys.stderr)
         return EXIT_ERROR
     try:
-        result, turns = runner.run_task(task, args.attempt, args.backend)
+        base = None
+        if args.network:
+            from tr.envs.sandbox import SandboxConfig
+
+            base = SandboxConfig(network=True)
+        result, turns = runner.run_task(task, args.attempt, args.backend, base_config=base)
     except runner.NeedsDocker as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except ValueError as exc:  # e.g. no partial attempt for this task
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    notes = [n for n in (task.verifier.note, *result.notes) if n]
     if args.json:
         data = result.to_dict()
-        data.update(attempt=args.attempt, backend=args.backend, layout=task.layout,
-                    turns=[{"exit_code": t.exit_code, "timed_out": t.timed_out} for t in turns])
+        data.update(attempt=args.attempt, backend=args.backend, layout=task.layout, notes=notes,
+                    turns=[{"exit_code": t.exit_code, "timed_out": t.timed_out,
+                            "output": _tail(t.output, 3000)} for t in turns])
         print(json.dumps(data, sort_keys=True))
     else:
         print(f"task {task.id}  family {task.family}  tier {task.tier}  layout {task.layout}  "
               f"attempt {args.attempt}  backend {args.backend}")
         print(f"turns: {len(turns)} (exit codes {[t.exit_code for t in turns]})")
+        commands = runner.attempt_turns(task, args.attempt)
+        for index, turn in enumerate(turns):
+            failed = turn.timed_out or turn.exit_code != 0
+            if failed or args.verbose:
+                status = "timed out" if turn.timed_out else f"exit code {turn.exit_code}"
+                command = commands[index] if index < len(commands) else "?"
+                print(f"--- turn {index + 1}: {command.splitlines()[0][:120]}  ({status})")
+                print(_tail(turn.output, 3000) or "(no output)")
+                hosts = unreachable_hosts(turn.output.splitlines()) if failed else []
+                if hosts and not args.network:
+                    print(f"note: turn {index + 1} could not reach {', '.join(hosts)}: the agent's "
+                          "runtime is offline by default; rerun with --network to give it one")
+        for note in notes:
+            print(f"note: {note}")
         for check in result.checks:
             mark = "PASS" if check.passed else check.outcome.upper()
             tags = ("penalty " if check.penalty else "") + ("required" if check.required else "")
             print(f"  {mark:7} {check.name}  {tags.strip()}")
+        reward = f"  reward={result.reward:g}" if result.reward is not None else ""
         print(f"matched P={result.matched}  executed={result.executed}  "
-              f"strict S={int(result.strict_pass)}  ({result.duration_s:.2f}s)")
+              f"strict S={int(result.strict_pass)}{reward}  ({result.duration_s:.2f}s)")
         if result.error:
             print(f"verifier error: {result.error}: {result.error_detail}")
-            if result.log:
-                print(result.log[-3000:])
+        if (result.error or not result.strict_pass or args.verbose) and result.log:
+            print("--- verifier log (tail)")
+            print(_tail(result.log, 4000))
+            if (not result.strict_pass and _REFUSED.search(result.log)
+                    and _LOCALHOST.search(result.log)):
+                print("note: the tests expect a service on this machine (connection refused on "
+                      "localhost): the protected verifier ends every process the agent started "
+                      "before the tests run, so a server the agent left running is gone")
+            hosts = unreachable_hosts(result.log.splitlines())
+            if hosts and not result.strict_pass:
+                print(f"note: the tests could not reach {', '.join(hosts)} (the runtime is "
+                      f"{'given the network' if args.network else 'offline; try --network'})")
     if result.error:
         return EXIT_ERROR
     return EXIT_OK if result.strict_pass else EXIT_FAIL
@@ -135,6 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attempt", choices=("solution", "partial", "none"), default="solution")
     p.add_argument("--backend", choices=("local", "docker"), default="local")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--network", action="store_true",
+                   help="give the agent's runtime the network (default: offline; a task's own "
+                        "allow_internet wins; on Docker the mode is $TR_DOCKER_NETWORK, default "
+                        "bridge)")
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="print every solution command's output and the verifier log")
     p.set_defaults(func=cmd_verify)
     p = sub.add_parser("list", help="list tasks with family and tier")
     p.add_argument("dir", nargs="?", metavar="DIR")

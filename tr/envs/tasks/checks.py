@@ -35,23 +35,40 @@ def runs_pytest(script: str) -> bool:
     return bool(_PYTEST.search(code))
 
 
-def pytest_spec_from_script(script: str, script_name: str, tests_dir: Path) -> VerifierSpec:
-    """Replace a pytest-running test script by an offline `$TR_PYTHON -m pytest` over its files.
+def runs_pytest_or_harness(script: str) -> bool:
+    """pytest in the script itself, or TB1's harness file `run-uv-pytest.sh` (which runs it)."""
+    return runs_pytest(script) or "run-uv-pytest.sh" in script
 
-    The files are those the script names that exist in the tests dir, else every test file.
+
+def pytest_spec_from_script(script: str, script_name: str, tests_dir: Path) -> VerifierSpec:
+    """The script run as written, pytest served by the project (tr.envs.tasks.testscript).
+
+    test_files (for the static checks) are those the script names that exist in the tests dir,
+    else every test file.
     """
+    from tr.envs.tasks import testscript
+    from tr.envs.verifier import JUNIT_FILENAME
+
     all_files = find_test_files(tests_dir)
     named = []
-    for match in _TEST_FILE_REF.finditer(script):
-        base = match.group(2)
-        for rel in all_files:
-            if rel.rsplit("/", 1)[-1] == base and rel not in named:
-                named.append(rel)
+    harness = tests_dir / "run-uv-pytest.sh"
+    harness_text = harness.read_text(encoding="utf-8", errors="replace") if harness.is_file() else None
+    for text in (script, harness_text or testscript.DEFAULT_RUN):
+        for match in _TEST_FILE_REF.finditer(text):
+            base = match.group(2)
+            for rel in all_files:
+                if rel.rsplit("/", 1)[-1] == base and rel not in named:
+                    named.append(rel)
+    done = testscript.rewrite(script, junit=f"/logs/verifier/{JUNIT_FILENAME}",
+                              run_uv_pytest=harness_text)
     installs = bool(_INSTALLS.search(script))
-    why = "installs pytest over the network" if installs else "runs pytest"
-    note = (f"{script_name} {why}; tr runs `$TR_PYTHON -m pytest` on "
-            f"{', '.join(named or all_files) or 'the tests dir'} instead (offline)")
-    return VerifierSpec(kind="pytest", test_files=tuple(named or all_files), note=note)
+    why = "installs pytest over the network; " if installs else ""
+    note = (f"{script_name} runs as written ({why}tr serves pytest from the project: "
+            f"`$TR_PYTHON -m pytest`, offline)")
+    if done.notes:
+        note += "; " + "; ".join(done.notes)
+    return VerifierSpec(kind="pytest", test_files=tuple(named or all_files), note=note,
+                        script_text=done.text)
 
 
 def shell_syntax_problems(text: str, file: str, label: str) -> list[Problem]:

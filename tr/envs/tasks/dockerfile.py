@@ -28,6 +28,13 @@ _LOCAL_BASES = re.compile(
     r"|^ghcr\.io/laude-institute/t-bench/(ubuntu-\d\d-\d\d|python-3-\d+)(?::[\w.-]+)?$"
 )
 
+# Images that have `python` on PATH (the local backend then provides it too).
+PYTHON_IMAGES = re.compile(r"^(?:docker\.io/)?(?:library/)?python(?::|$)"
+                           r"|^ghcr\.io/laude-institute/t-bench/python-")
+
+# Terminal-Bench's own base images set WORKDIR /app.
+_TBENCH = re.compile(r"^ghcr\.io/laude-institute/t-bench/")
+
 # RUN steps that need the network (or install packages): refused on the local backend.
 _NETWORK = re.compile(
     r"\b(apt(-get)?\s+(-\S+\s+)*(install|update|upgrade|dist-upgrade)|apk\s+add|yum\s+install|"
@@ -86,6 +93,7 @@ class LocalPlan:
     workdir: str  # the final WORKDIR
     env: dict[str, str]  # the final ENV
     steps: tuple[CopyStep | RunStep, ...]
+    notes: tuple[str, ...] = ()   # RUN installs skipped because the host has the packages
 
 
 def parse(text: str, path: Path | str = "Dockerfile") -> list[Instruction]:
@@ -169,6 +177,7 @@ def plan(dockerfile: Path, context: Path, default_workdir: str = "/") -> LocalPl
     env: dict[str, str] = {}
     args: dict[str, str] = {}
     steps: list[CopyStep | RunStep] = []
+    notes: list[str] = []
     for ins in instructions:
         variables = {**args, **env}
         if ins.keyword == "FROM":
@@ -182,6 +191,8 @@ def plan(dockerfile: Path, context: Path, default_workdir: str = "/") -> LocalPl
             if len(words) > 1 and words[1].upper() != "AS":
                 raise DockerfileError(dockerfile, ins.lineno, f"unexpected FROM arguments {words[1:]}")
             base = words[0]
+            if _TBENCH.match(base):
+                workdir = "/app"
             match = _LOCAL_BASES.match(base)
             if not match or "alpine" in (match.group("tag") or ""):
                 raise NeedsDocker(dockerfile, ins.lineno, ins.text, f"base image {base!r} is not a "
@@ -212,10 +223,10 @@ def plan(dockerfile: Path, context: Path, default_workdir: str = "/") -> LocalPl
             if command.startswith("--"):
                 raise NeedsDocker(dockerfile, ins.lineno, ins.text, "RUN flags (--mount, "
                                   "--network) need BuildKit")
-            hit = _NETWORK.search(command)
-            if hit:
-                raise NeedsDocker(dockerfile, ins.lineno, ins.text, f"`{hit.group(0)}` needs the "
-                                  "network or a package install")
+            if _NETWORK.search(command):
+                command = _without_installs(dockerfile, ins, command, notes)
+                if command is None:
+                    continue
             steps.append(RunStep(ins.lineno, command, workdir, {**args, **env}))
         elif ins.keyword in ("COPY", "ADD"):
             steps.append(_copy_step(dockerfile, context, ins, workdir, variables))
@@ -231,7 +242,53 @@ def plan(dockerfile: Path, context: Path, default_workdir: str = "/") -> LocalPl
                               "on the local backend")
     if base is None:
         raise DockerfileError(dockerfile, 1, "no FROM instruction")
-    return LocalPlan(base_image=base, workdir=workdir, env=env, steps=tuple(steps))
+    return LocalPlan(base_image=base, workdir=workdir, env=env, steps=tuple(steps),
+                     notes=tuple(notes))
+
+
+def _without_installs(dockerfile: Path, ins: Instruction, command: str,
+                      notes: list[str]) -> str | None:
+    """A RUN whose package installs the host already has: those parts dropped (a note says so),
+    the rest kept (None when nothing is left).  NeedsDocker names missing packages and what to
+    do, or the part that needs the network."""
+    from tr.envs.tasks import packages
+
+    kept, apt, pip = [], [], []
+    for part in packages.split_commands(command):
+        request = packages.install_request(part)
+        if request is None:
+            hit = _NETWORK.search(part)
+            if hit:
+                raise NeedsDocker(dockerfile, ins.lineno, ins.text, f"`{hit.group(0)}` needs the "
+                                  "network or a package install")
+            kept.append(part)
+        elif request[0] == "apt":
+            apt.extend(request[1])
+        elif request[0] == "pip":
+            pip.extend(request[1])
+    harness = [n for n in apt if n in packages.HARNESS_TOOLS]
+    apt = [n for n in apt if n not in packages.HARNESS_TOOLS]
+    if harness:
+        notes.append(f"{dockerfile.name}:{ins.lineno}: skipped {', '.join(harness)}: Terminal-"
+                     "Bench's own session tools, which tr does not use")
+    missing_apt, missing_pip = packages.missing_apt(apt), packages.missing_pip(pip)
+    if missing_apt or missing_pip:
+        what = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in
+                         (("apt", missing_apt), ("pip", missing_pip)) if names)
+        todo = " and ".join(cmd for cmd, names in (
+            (f"`apt-get install -y {' '.join(packages.debian_name(n) for n in missing_apt)}`",
+             missing_apt),
+            (f"`/usr/bin/python3 -m pip install {' '.join(missing_pip)}`", missing_pip)) if names)
+        raise NeedsDocker(dockerfile, ins.lineno, ins.text, f"installs packages this host does "
+                          f"not have ({what}); run it with --backend docker, or install them on "
+                          f"the host ({todo}) to run it locally")
+    have = ", ".join([*apt, *pip])
+    if harness and not have:
+        return " && ".join(kept) if kept else None
+    notes.append(f"{dockerfile.name}:{ins.lineno}: skipped the install of "
+                 f"{have or 'nothing (apt-get update)'}: the host has "
+                 f"{'them' if have else 'what the sandbox uses'}")
+    return " && ".join(kept) if kept else None
 
 
 def final_workdir(dockerfile: Path) -> str | None:
@@ -247,7 +304,9 @@ def final_workdir(dockerfile: Path) -> str | None:
                 continue
             variables.update({k.strip(): v.strip().strip('"') for k, v in pairs})
         elif ins.keyword == "FROM":
-            workdir = None
+            words = [w for w in _substitute(ins.args, variables).split()
+                     if not w.startswith("--platform")]
+            workdir = "/app" if words and _TBENCH.match(words[0]) else None
         elif ins.keyword == "WORKDIR":
             target = _substitute(ins.args.strip().strip('"'), variables)
             workdir = posixpath.normpath(posixpath.join(workdir or "/", target))
@@ -300,8 +359,10 @@ def _copy_step(dockerfile: Path, context: Path, ins: Instruction, workdir: str,
                 raise NeedsDocker(dockerfile, ins.lineno, ins.text, "ADD of a tar archive (which "
                                   "Docker unpacks) is not carried out locally")
             resolved.append(path)
-    dest_is_dir = dest.endswith("/") or len(resolved) > 1 or resolved[0].is_dir()
     absolute = posixpath.normpath(posixpath.join(workdir, dest))
+    # `COPY f .` (or onto the WORKDIR itself): the destination is a folder, as in Docker
+    dest_is_dir = (dest.endswith(("/", "/.")) or dest == "." or absolute == workdir
+                   or len(resolved) > 1 or resolved[0].is_dir())
     return CopyStep(ins.lineno, tuple(resolved), absolute, dest_is_dir, chmod)
 
 

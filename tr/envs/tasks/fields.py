@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 from tr.envs.tasks.model import TIERS, Problem
@@ -83,6 +84,24 @@ class FieldReader:
             self.problem(dotted, f"expected a list of strings, got {value!r}")
             return None
         return tuple(value)
+
+    def string_table(self, dotted: str) -> tuple[tuple[str, str], ...]:
+        """A table of environment variables: names to strings (numbers and booleans as text)."""
+        value = self.raw(dotted)
+        if value is MISSING or value is None:
+            return ()
+        if not isinstance(value, dict):
+            self.problem(dotted, f"expected a table of NAME = \"value\", got {value!r}")
+            return ()
+        out = []
+        for name, item in value.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                self.problem(f"{dotted}.{name}", "is not a valid environment variable name")
+            elif isinstance(item, (dict, list)):
+                self.problem(f"{dotted}.{name}", f"expected a string, got {item!r}")
+            else:
+                out.append((name, str(item).lower() if isinstance(item, bool) else str(item)))
+        return tuple(out)
 
     def tier(self, dotted: str, default=MISSING) -> str:
         value = self.string(dotted, default=default, required=default is MISSING)

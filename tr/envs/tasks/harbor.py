@@ -3,11 +3,12 @@ family, setup script, partial attempt, final gate; see LAYOUT_TR.md)."""
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
 from tr.envs.tasks import checks
-from tr.envs.tasks.fields import FieldReader, read_text
+from tr.envs.tasks.fields import MISSING, FieldReader, read_text
 from tr.envs.tasks.model import (
     DEFAULT_AGENT_TIMEOUT_S, DEFAULT_MAX_TURNS, DEFAULT_VERIFIER_TIMEOUT_S, TASK_ID_RE, Budgets,
     CHECK_RUNNERS, Environment, Problem, Task, VerifierSpec,
@@ -19,7 +20,8 @@ TR_KEYS = {
                  "description"},
     "agent": {"timeout_sec", "max_turns"},
     "verifier": {"timeout_sec", "final_gate", "required", "runner"},
-    "environment": {"setup", "dockerfile", "docker_image", "workdir"},
+    "environment": {"setup", "dockerfile", "docker_image", "workdir", "allow_internet", "cpus",
+                    "memory", "memory_mb", "storage", "storage_mb", "build_timeout_sec"},
 }
 
 
@@ -97,6 +99,7 @@ def load(task_dir: Path, *, deep: bool = False) -> tuple[Task | None, list[Probl
         id=task_id, family=family, tier=tier, instruction=instruction, environment=environment,
         tests_dir=task_dir / "tests", verifier=spec, budgets=budgets, solution=solution,
         source_dir=task_dir, layout=layout, partial=partial, tags=tags,
+        solution_env=f.string_table("solution.env") if layout == "harbor" else (),
     ), problems
 
 
@@ -105,6 +108,7 @@ def _environment(task_dir: Path, f: FieldReader, layout: str) -> Environment:
     if not workdir.startswith("/"):
         f.problem("environment.workdir", f"must be an absolute path, got {workdir!r}")
     image = f.string("environment.docker_image", default=None)
+    limits = _limits(f)
     setup_rel = f.string("environment.setup", default=None)
     dockerfile_rel = f.string("environment.dockerfile", default=None)
     if setup_rel and dockerfile_rel:
@@ -123,14 +127,52 @@ def _environment(task_dir: Path, f: FieldReader, layout: str) -> Environment:
             dockerfile_rel = "environment/Dockerfile"
     if dockerfile_rel is not None:
         return Environment(kind="dockerfile", dockerfile=task_dir / dockerfile_rel,
-                           docker_image=image, workdir=workdir)
+                           docker_image=image, workdir=workdir, **limits)
     if setup_rel is not None or files is not None:
         return Environment(kind="setup", files_dir=files,
                            setup_script=task_dir / setup_rel if setup_rel else None,
-                           docker_image=image, workdir=workdir)
+                           docker_image=image, workdir=workdir, **limits)
     if image is not None:
-        return Environment(kind="image", docker_image=image, workdir=workdir)
-    return Environment(kind="none", workdir=workdir)
+        return Environment(kind="image", docker_image=image, workdir=workdir, **limits)
+    return Environment(kind="none", workdir=workdir, **limits)
+
+
+_SIZE = {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
+
+
+def _megabytes(f: FieldReader, name: str) -> int | None:
+    """`<name>_mb` (an integer) or `<name>` ("2G", "512M", "1024"): megabytes, or None."""
+    mb = f.raw(f"environment.{name}_mb")
+    if mb is not MISSING:
+        return f.positive_int(f"environment.{name}_mb", 0) or None
+    text = f.raw(f"environment.{name}")
+    if text is MISSING or text is None:
+        return None
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", str(text), re.I)
+    if not match or float(match.group(1)) <= 0:
+        f.problem(f"environment.{name}", f"expected a size such as \"2G\" or \"512M\", got {text!r}")
+        return None
+    return max(1, int(float(match.group(1)) * _SIZE[match.group(2).lower()]))
+
+
+def _limits(f: FieldReader) -> dict:
+    """Harbor's [environment] resources: allow_internet, cpus, memory(_mb), storage(_mb),
+    build_timeout_sec."""
+    out: dict = {}
+    internet = f.raw("environment.allow_internet")
+    if internet is not MISSING:
+        if isinstance(internet, bool):
+            out["network"] = internet
+        else:
+            f.problem("environment.allow_internet", f"expected true or false, got {internet!r}")
+    cpus = f.raw("environment.cpus")
+    if cpus is not MISSING:
+        out["cpus"] = f.positive_number("environment.cpus", 1.0)
+    out["memory_mb"] = _megabytes(f, "memory")
+    out["storage_mb"] = _megabytes(f, "storage")
+    if f.raw("environment.build_timeout_sec") is not MISSING:
+        out["build_timeout_s"] = f.positive_number("environment.build_timeout_sec", 600.0)
+    return out
 
 
 def _inside(task_dir: Path, rel: str) -> bool:
@@ -158,7 +200,8 @@ def _verifier(task_dir: Path, f: FieldReader, layout: str, problems: list[Proble
         if checks.runs_pytest(script) and test_files:
             spec = checks.pytest_spec_from_script(script, "tests/test.sh", tests_dir)
         else:
-            spec = VerifierSpec(kind="reward_file", script="test.sh")
+            spec = VerifierSpec(kind="reward_file", script="test.sh",
+                                env=f.string_table("verifier.env"))
             if deep:
                 problems.extend(checks.solution_problems(test_sh, "tests/test.sh", script,
                                                          as_turns=False))
@@ -174,7 +217,9 @@ def _verifier(task_dir: Path, f: FieldReader, layout: str, problems: list[Proble
         f.problem("verifier.runner", f"{runner!r} is not a check runner; expected one of "
                   f"{CHECK_RUNNERS}")
     spec = VerifierSpec(kind=spec.kind, test_files=spec.test_files, final_gate=final_gate,
-                        required=required, note=spec.note, runner=runner)
+                        required=required, note=spec.note, script_text=spec.script_text,
+                        env=f.string_table("verifier.env") if layout == "harbor" else (),
+                        runner=runner)
     file_problems, names = checks.test_file_problems(tests_dir, spec.test_files, "tests")
     problems.extend(file_problems)
     if not file_problems:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 TIERS = ("easy", "medium", "hard", "extreme")
 LAYOUTS = ("tr", "harbor", "tb1")
-VERIFIER_KINDS = ("pytest", "reward_file")
+VERIFIER_KINDS = ("pytest", "reward_file", "output")
 CHECK_RUNNERS = ("pytest", "stdlib")   # what runs a pytest-kind verifier's files
 TASK_ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
@@ -62,18 +62,25 @@ class Environment:
     dockerfile: Path | None = None
     docker_image: str | None = None
     workdir: str = "/app"
+    network: bool | None = None      # the agent's runtime network (None: the backend's default, off)
+    cpus: float | None = None        # Harbor [environment] limits (None: the sandbox default)
+    memory_mb: int | None = None
+    storage_mb: int | None = None
+    build_timeout_s: float | None = None
 
 
 @dataclass(frozen=True)
 class VerifierSpec:
     """What to run after the agent: pytest files, or a script that writes a reward file."""
 
-    kind: str  # 'pytest' | 'reward_file'
+    kind: str  # 'pytest' | 'reward_file' | 'output' (a TB1 script's printed pytest-style summary)
     test_files: tuple[str, ...] = ()  # relative to tests_dir (pytest)
     script: str | None = None  # relative to tests_dir (reward_file)
     final_gate: str | None = None
     required: tuple[str, ...] | None = None
-    note: str = ""  # e.g. why run-tests.sh was replaced by an offline pytest run
+    note: str = ""  # e.g. which lines of run-tests.sh tr serves itself
+    script_text: str | None = None  # the task's test script as run (testscript.rewrite), if any
+    env: tuple[tuple[str, str], ...] = ()  # Harbor [verifier].env: exported for the verifier
     runner: str = "pytest"  # pytest | stdlib (tr/envs/checkrun.py: same checks, no start-up)
 
 
@@ -92,6 +99,7 @@ class Task:
     layout: str
     partial: Path | None = None
     tags: tuple[str, ...] = field(default_factory=tuple)
+    solution_env: tuple[tuple[str, str], ...] = ()   # Harbor [solution].env
 
     @property
     def verifier_kind(self) -> str:
@@ -130,10 +138,21 @@ def script_interpreter(script: str) -> list[str]:
 # ---------------------------------------------------------------- static look at test files
 
 
+def _is_testcase(node: ast.ClassDef) -> bool:
+    """A class pytest collects whatever its name: it subclasses `unittest.TestCase` (or a base
+    whose name ends in `TestCase`, e.g. `IsolatedAsyncioTestCase`)."""
+    for base in node.bases:
+        name = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", "")
+        if name.endswith("TestCase"):
+            return True
+    return False
+
+
 def test_functions(path: Path) -> list[str]:
     """Names of the test functions pytest would collect from one file (static, via ast).
 
-    Top-level `def test_*` and methods `test_*` of top-level `class Test*` (as `Class::test_x`).
+    Top-level `def test_*`, and methods `test_*` of top-level `class Test*` or of any top-level
+    `unittest.TestCase` subclass (as `Class::test_x`).
     Raises SyntaxError when the file does not parse.
     """
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
@@ -141,7 +160,7 @@ def test_functions(path: Path) -> list[str]:
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
             names.append(node.name)
-        elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+        elif isinstance(node, ast.ClassDef) and (node.name.startswith("Test") or _is_testcase(node)):
             for sub in node.body:
                 if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)) and sub.name.startswith("test"):
                     names.append(f"{node.name}::{sub.name}")

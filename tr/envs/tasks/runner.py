@@ -24,9 +24,13 @@ from tr.envs.tasks.model import Task, script_interpreter, split_turns
 ATTEMPTS = ("solution", "partial", "none")
 RESULTS_DIR = "/logs/verifier"
 TESTS_MOUNT = "/tests"
-SOLUTION_DIR = "/tmp/.tr-solution"
+SOLUTION_DIR = "/tmp/.tr-solution"     # TB1: where solution.sh is copied to run
+HARBOR_SOLUTION_DIR = "/solution"       # Harbor: solution/ lands here, as Harbor's harness does
 SETUP_TIMEOUT_S = 300.0
 RUN_STEP_TIMEOUT_S = 300.0
+LOCAL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+LOCAL_ROOT_WORKDIR = "/app"    # local backend: stands for a Dockerfile that sets no WORKDIR (/)
+PYTHON_SHIM_DIR = "/root/.local/bin"    # local backend: `python` -> python3 for python images
 
 
 class TaskEnvironmentError(RuntimeError):
@@ -58,7 +62,7 @@ def sandbox_config(task: Task, backend: str = "local", base=None):
     """The SandboxConfig a task runs under: its workdir and ENV; on Docker, its image."""
     from tr.envs.sandbox import SandboxConfig
 
-    config = base if base is not None else SandboxConfig()
+    config = _with_limits(task, base if base is not None else SandboxConfig(), backend)
     env = task.environment
     if backend == "local":
         if env.kind == "image":
@@ -67,13 +71,34 @@ def sandbox_config(task: Task, backend: str = "local", base=None):
                               "(--backend docker)")
         plan = local_plan(task)
         if plan is not None:
-            return dataclasses.replace(config, workdir=plan.workdir,
-                                       env={**config.env, **plan.env})
+            env = {**config.env, **plan.env}
+            if dfile.PYTHON_IMAGES.match(plan.base_image) and "PATH" not in env:
+                # a python image has `python`; the host's /usr may only have python3
+                env["PATH"] = f"{LOCAL_PATH}:{PYTHON_SHIM_DIR}"
+            # Docker's default WORKDIR is /, which the local sandbox cannot make writable
+            workdir = plan.workdir if plan.workdir != "/" else LOCAL_ROOT_WORKDIR
+            return dataclasses.replace(config, workdir=workdir, env=env)
         return dataclasses.replace(config, workdir=env.workdir)
     if backend == "docker":
         return dataclasses.replace(config, workdir=_docker_workdir(task),
                                    image=docker_image(task) or config.image)
     raise ValueError(f"unknown backend {backend!r}; expected 'local' or 'docker'")
+
+
+def _with_limits(task: Task, config, backend: str):
+    """The task's own resources (Harbor [environment]) over the caller's config; its runtime
+    network only when the task asks for it (`allow_internet`), else the config's (off)."""
+    env = task.environment
+    changes = {}
+    if env.network is not None:
+        changes["network"] = env.network
+    if env.cpus is not None:
+        changes["cpus"] = env.cpus
+    if env.memory_mb is not None:
+        changes["memory_mb"] = env.memory_mb
+    if env.storage_mb is not None and backend != "local":   # local disk is a tmpfs: RAM
+        changes["disk_mb"] = env.storage_mb
+    return dataclasses.replace(config, **changes) if changes else config
 
 
 def _docker_workdir(task: Task) -> str:
@@ -90,9 +115,16 @@ def docker_image(task: Task) -> str | None:
     """The Docker image a task runs in: built from its Dockerfile, or the one it names."""
     env = task.environment
     if env.kind == "dockerfile":
+        import sys
+
         from tr.envs import images
 
-        return images.build_task_image(env.dockerfile, env.dockerfile.parent)
+        notes: list[str] = []
+        tag = images.build_task_image(env.dockerfile, env.dockerfile.parent, notes=notes,
+                                      log=lambda m: print(f"[image] {m}", file=sys.stderr),
+                                      timeout_s=env.build_timeout_s)
+        IMAGE_NOTES[tag] = tuple(notes)
+        return tag
     return env.docker_image
 
 
@@ -137,6 +169,10 @@ def prepare(task: Task, sandbox, backend: str = "local") -> None:
                   f"{env.setup_script.relative_to(task.source_dir)}")
     elif env.kind == "dockerfile" and backend == "local":
         plan = local_plan(task)
+        if dfile.PYTHON_IMAGES.match(plan.base_image):
+            _must(sandbox.run_fresh(f"command -v python >/dev/null || {{ mkdir -p {PYTHON_SHIM_DIR} "
+                                    f"&& ln -sf /usr/bin/python3 {PYTHON_SHIM_DIR}/python; }}",
+                                    timeout_s=60), "providing `python` (a python base image)")
         for step in plan.steps:
             where = f"{env.dockerfile.relative_to(task.source_dir)}:{step.lineno}"
             if isinstance(step, dfile.CopyStep):
@@ -148,7 +184,14 @@ def prepare(task: Task, sandbox, backend: str = "local") -> None:
                 exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in step.env.items())
                 command = (f"{exports}mkdir -p {shlex.quote(step.workdir)} && "
                            f"cd {shlex.quote(step.workdir)} && /bin/sh -c {shlex.quote(step.command)}")
-                _must(sandbox.run_fresh(command, timeout_s=RUN_STEP_TIMEOUT_S), f"RUN at {where}")
+                result = sandbox.run_fresh(command, timeout_s=RUN_STEP_TIMEOUT_S)
+                if result.exit_code != 0 and "Read-only file system" in result.output:
+                    writable = ", ".join(sorted(getattr(sandbox, "areas", {}) or ()))
+                    raise TaskEnvironmentError(
+                        f"RUN at {where} writes outside the local sandbox's writable folders "
+                        f"({writable}); run this task with --backend docker:\n"
+                        f"{result.output[-2000:]}")
+                _must(result, f"RUN at {where}")
 
 
 # ---------------------------------------------------------------- attempts
@@ -169,8 +212,9 @@ def attempt_script(task: Task, attempt: str) -> Path | None:
 def attempt_turns(task: Task, attempt: str) -> list[str]:
     """The shell commands of an attempt, one per agent turn.
 
-    tr layout: the script's blank-line-separated blocks. Harbor / TB1: one turn that runs the
-    whole script (copied to /tmp/.tr-solution by `run_attempt`) with its interpreter.
+    tr layout: the script's blank-line-separated blocks. TB1 `solution.yaml`: one turn per
+    command. Harbor / TB1 scripts: one turn that runs the whole script with its interpreter
+    (copied by `run_attempt` to /solution (Harbor) or /tmp/.tr-solution (TB1)).
     """
     path = attempt_script(task, attempt)
     if path is None:
@@ -178,8 +222,17 @@ def attempt_turns(task: Task, attempt: str) -> list[str]:
     text = path.read_text(encoding="utf-8")
     if task.layout == "tr":
         return split_turns(text)
+    if path.suffix == ".yaml":
+        from tr.envs.tasks.tb1 import solution_commands
+
+        return solution_commands(text)[0]
     interpreter = " ".join(shlex.quote(w) for w in script_interpreter(text))
-    return [f"{interpreter} {SOLUTION_DIR}/{path.name}"]
+    env = "".join(f"{k}={shlex.quote(v)} " for k, v in task.solution_env)
+    return [f"{env}{interpreter} {_solution_dir(task)}/{path.name}"]
+
+
+def _solution_dir(task: Task) -> str:
+    return HARBOR_SOLUTION_DIR if task.layout == "harbor" else SOLUTION_DIR
 
 
 def run_attempt(task: Task, sandbox, attempt: str) -> list:
@@ -187,8 +240,12 @@ def run_attempt(task: Task, sandbox, attempt: str) -> list:
     path = attempt_script(task, attempt)
     if path is None:
         return []
-    if task.layout != "tr":
-        _copy_tree(sandbox, path.parent, SOLUTION_DIR)
+    copied = task.layout != "tr" and path.suffix != ".yaml"
+    if copied:
+        if task.layout == "harbor":          # Harbor: the whole solution/ folder
+            _copy_tree(sandbox, path.parent, HARBOR_SOLUTION_DIR)
+        else:                                # TB1: solution.sh alone (its folder holds the tests)
+            _copy_tree(sandbox, path, f"{SOLUTION_DIR}/{path.name}")
     results = []
     deadline = time.monotonic() + task.budgets.agent_timeout_s
     for turn in attempt_turns(task, attempt):
@@ -196,8 +253,12 @@ def run_attempt(task: Task, sandbox, attempt: str) -> list:
         if left <= 0:
             break
         results.append(sandbox.run(turn, timeout_s=left))
-    if task.layout != "tr":
-        sandbox.remove_path(SOLUTION_DIR)    # from the host: no program of the sandbox runs
+    if copied:       # removed from the host: no program of the sandbox runs
+        if task.layout == "harbor":
+            for entry in sorted(path.parent.iterdir()):
+                sandbox.remove_path(f"{HARBOR_SOLUTION_DIR}/{entry.name}")
+        else:
+            sandbox.remove_path(SOLUTION_DIR)
     return results
 
 
@@ -210,6 +271,16 @@ def verifier_command(task: Task, workdir: str) -> str:
     those are the agent's to replace."""
     spec = task.verifier
     cd = f"cd {shlex.quote(workdir)} && "
+    if spec.env:      # Harbor [verifier].env (names checked by the loader)
+        cd += "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env) + " && "
+    if spec.script_text is not None:
+        # the task's own script, as written but for the pytest lines (testscript.rewrite),
+        # read by the verifier's own shell: no `bash` of the sandbox starts it
+        head = (f"{cd}export TEST_DIR={TESTS_MOUNT} PYTHONDONTWRITEBYTECODE=1 "
+                f"PYTEST_DISABLE_PLUGIN_AUTOLOAD=1\n")
+        if spec.kind == "output":     # its printed summary is the result: kept whole in a file
+            return f"{head}( {spec.script_text}\n) > {RESULTS_DIR}/{vr.OUTPUT_FILENAME} 2>&1"
+        return head + spec.script_text
     if spec.kind == "pytest" and spec.runner == "stdlib":
         from tr.envs.protected import CHECKRUN
         files = " ".join(shlex.quote(f"{TESTS_MOUNT}/{rel}") for rel in spec.test_files)
@@ -242,17 +313,59 @@ def verify(task: Task, sandbox, workdir: str | None = None) -> vr.VerifierResult
             files.get(vr.JUNIT_FILENAME), exit_code=run.exit_code, timed_out=run.timed_out,
             log=run.output, duration_s=duration, final_gate=task.verifier.final_gate,
             required=task.verifier.required)
+        result = _with_reward(result, files)
+    elif task.verifier.kind == "output":
+        result = vr.result_from_summary(files.get(vr.OUTPUT_FILENAME), exit_code=run.exit_code,
+                                        timed_out=run.timed_out, duration_s=duration)
     else:
         result = vr.result_from_reward(files, exit_code=run.exit_code, timed_out=run.timed_out,
                                        log=run.output, duration_s=duration)
-    return result.with_task(task.id, task.family, task.tier)
+    result = result.with_task(task.id, task.family, task.tier)
+    notes = environment_notes(task, sandbox)
+    return dataclasses.replace(result, notes=tuple(notes)) if notes else result
+
+
+IMAGE_NOTES: dict[str, tuple[str, ...]] = {}   # task image tag -> how it was made (this process)
+
+
+def environment_notes(task: Task, sandbox=None, backend: str | None = None) -> list[str]:
+    """How the environment differs from the task's own: installs skipped on the local backend,
+    a stand-in base image on Docker."""
+    backend = backend or getattr(sandbox, "backend", "local")
+    if backend == "local":
+        try:
+            plan = local_plan(task)
+        except TaskEnvironmentError:
+            return []
+        if plan is None:
+            return []
+        extra = ([f"the Dockerfile sets no WORKDIR (Docker's default is /): the local backend "
+                  f"works in {LOCAL_ROOT_WORKDIR}"] if plan.workdir == "/" else [])
+        return list(plan.notes) + extra
+    image = getattr(getattr(sandbox, "config", None), "image", None)
+    return list(IMAGE_NOTES.get(image, ()))
+
+
+def _with_reward(result: vr.VerifierResult, files: dict[str, str]) -> vr.VerifierResult:
+    """A test script that runs pytest and also writes a reward file (Harbor's `test.sh`): the
+    reward is recorded, and one below 1 is not a strict pass whatever the checks say (the
+    script's own verdict, e.g. an extra condition after pytest)."""
+    for name in vr.REWARD_FILENAMES:
+        if name in files and result.error is None:
+            try:
+                reward = vr.parse_reward(name, files[name])
+            except ValueError:
+                return result
+            return dataclasses.replace(result, reward=reward,
+                                       strict_pass=result.strict_pass and reward >= 1.0)
+    return result
 
 
 def _read_results(out: Path) -> dict[str, str]:
     """The result files the verifier wrote: each read from exactly one path, the top of the
     copied-out results folder (a file of that name anywhere below it is not a result)."""
     found: dict[str, str] = {}
-    for name in (vr.JUNIT_FILENAME, *vr.REWARD_FILENAMES):
+    for name in (vr.JUNIT_FILENAME, vr.OUTPUT_FILENAME, *vr.REWARD_FILENAMES):
         path = out / name
         if path.is_file() and not path.is_symlink():
             found[name] = path.read_text(encoding="utf-8", errors="replace")

@@ -87,6 +87,12 @@ def load(task_dir: Path, *, deep: bool = False) -> tuple[Task | None, list[Probl
             problems.extend(checks.solution_problems(solution_path, "solution.sh", script,
                                                      as_turns=False, syntax=deep))
             solution = solution_path
+    elif (task_dir / "solution.yaml").exists():
+        solution = task_dir / "solution.yaml"
+        text = read_text(solution, "solution.yaml", problems, what="solution command list")
+        if text is not None:
+            _, yaml_problems = solution_commands(text)
+            problems.extend(yaml_problems)
 
     if problems:
         return None, problems
@@ -95,6 +101,27 @@ def load(task_dir: Path, *, deep: bool = False) -> tuple[Task | None, list[Probl
         environment=environment, tests_dir=task_dir / "tests", verifier=spec, budgets=budgets,
         solution=solution, source_dir=task_dir, layout="tb1", tags=tags,
     ), problems
+
+
+def solution_commands(text: str) -> tuple[list[str], list[Problem]]:
+    """TB1 `solution.yaml`: a list of `{command: str, min_timeout_sec, block, append_enter}`;
+    each command is one turn (typed into the terminal, so it runs in the agent's shell)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        return [], [Problem("solution.yaml", None, f"cannot parse YAML: {exc}".replace("\n", " "))]
+    if not isinstance(data, list) or not data:
+        return [], [Problem("solution.yaml", None, "expected a non-empty list of "
+                            "{command: ...} entries")]
+    commands, problems = [], []
+    for index, entry in enumerate(data):
+        command = entry.get("command") if isinstance(entry, dict) else None
+        if not isinstance(command, str) or not command.strip():
+            problems.append(Problem("solution.yaml", f"[{index}].command",
+                                    f"expected a non-empty string, got {command!r}"))
+            continue
+        commands.append(command.strip())
+    return commands, problems
 
 
 def _verifier(task_dir: Path, problems: list[Problem]) -> VerifierSpec | None:
@@ -109,10 +136,17 @@ def _verifier(task_dir: Path, problems: list[Problem]) -> VerifierSpec | None:
     script = read_text(run_tests, "run-tests.sh", problems)
     if script is None:
         return None
-    if not checks.runs_pytest(script):
-        problems.append(Problem("run-tests.sh", None, "does not run pytest; only pytest-based "
-                                "Terminal-Bench 1 tests are supported"))
-        return None
+    if not checks.runs_pytest_or_harness(script):
+        from tr.envs.tasks import testscript
+
+        if "short test summary info" not in script:
+            problems.append(Problem("run-tests.sh", None, "does not run pytest nor print a "
+                                    "pytest-style 'short test summary info'; Terminal-Bench 1's "
+                                    "pytest parser would find no result"))
+            return None
+        return VerifierSpec(kind="output", script_text=testscript.rewrite(
+            script, junit="/logs/verifier/junit.xml").text, note="run-tests.sh runs as written; "
+            "its printed 'short test summary info' is the result (Terminal-Bench 1's parser)")
     spec = checks.pytest_spec_from_script(script, "run-tests.sh", tests_dir)
     if not spec.test_files:
         problems.append(Problem("tests/", None, "no tests: expected test_*.py files"))
