@@ -4,7 +4,8 @@
               runs that open with a plausible mistake then repair it, and truncated runs (the
               reference cut short, then DONE); each demo's actions are SFT targets
     sft       a fixed number of updates (`tr.train.steps` SFT step) of the embedded model
-              (`tr.stages.embedded`) from scratch, evaluated on `val` every `eval_every` updates
+              (`tr.stages.embedded`) from scratch, evaluated on `val` at update `eval_start` and every
+              `eval_every` updates after it (and at the last)
     select    the checkpoint whose val Pass@1 is closest to `target` among those inside `band`
               with successes in at least half the families (closest overall if none qualifies)
     report    the selected actor on `test` (Pass@1 by family and tier) -> WORKDIR/base.json,
@@ -210,7 +211,7 @@ def _check(config) -> None:
     for field in ("tasks",):
         if config.demos[field] < 1:
             raise ConfigError(f"config.demos.{field} must be >= 1, got {config.demos[field]}")
-    for field in ("steps", "batch", "length", "eval_every"):
+    for field in ("steps", "batch", "length", "eval_every", "eval_start"):
         if config.sft[field] < 1:
             raise ConfigError(f"config.sft.{field} must be >= 1, got {config.sft[field]}")
     lo, hi = config.select.band
@@ -267,7 +268,8 @@ def run(config, workdir: pathlib.Path):
     for step in range(1, config.sft.steps + 1):
         t0 = time.monotonic()
         state, metrics = sft(state, next(data))
-        if step % config.sft.eval_every == 0 or step == config.sft.steps:
+        due = step >= config.sft.eval_start and (step - config.sft.eval_start) % config.sft.eval_every == 0
+        if due or step == config.sft.steps:
             loss = float(metrics["actor/loss"])
             t_train += time.monotonic() - t0
             t0 = time.monotonic()
