@@ -36,6 +36,9 @@ def get_config(variant: str = "default"):
     config.eval.tasks = ()  # only these task ids; () = all
     config.eval.backend = "local"
     config.eval.concurrency = 8  # sandboxes at once; also the batch of generation requests
+    # docker: spread the sandboxes over these engines (URLs such as "tcp://10.0.0.7:2375" or
+    # docker context names; tr/envs/endpoints.py); () = the local engine only
+    config.eval.docker_endpoints = ()
     config.eval.max_turns = 0  # 0 = each task's own turn cap
     # The untrained model never writes the action format, and each of its turns re-reads a ~1.5k-token
     # byte-level prompt (~1 s per episode on 2 CPU cores): one turn keeps the main job to minutes.

@@ -122,9 +122,9 @@ def main(argv=None) -> int:
     it = data_iterator(lambda: current_step[0] == args.slow_save_at)
     state, store = ckpt.start_stage(
         args.run_dir, "rpr-1", kind="rpr", target=abstract_state(init),
-        actor_from=ckpt.StageRef("base"), critic_from=ckpt.StageRef("base"),
-        actor_optimizer=actor_opt, critic_optimizer=critic_opt, config=config, data_iter=it,
-        save_every=args.save_every)
+        actor=ckpt.Side(ckpt.StageRef("base"), actor_opt),
+        critic=ckpt.Side(ckpt.StageRef("base"), critic_opt), config=config, data_iter=it,
+        store_options=ckpt.StoreOptions(save_every=args.save_every))
     print(f"START step={int(state.step)}", flush=True)
     ppo = steps_lib.build_steps(config, actor_logprobs=fns.actor_logprobs,
                                 critic_values=fns.critic_values).ppo

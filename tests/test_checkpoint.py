@@ -152,8 +152,8 @@ def test_handoff_takes_actor_and_critic_from_different_stages(two_parent_stages)
     target = abstract_state(warmup)
     state, store = ckpt.start_stage(
         run, "rpr-1", kind="rpr", target=target,
-        actor_from=ckpt.StageRef("rsr-1"), critic_from=ckpt.StageRef("warmup"),
-        actor_optimizer=OPT, critic_optimizer=OPT, restore_critic_optimizer=True,
+        actor=ckpt.Side(ckpt.StageRef("rsr-1"), OPT),
+        critic=ckpt.Side(ckpt.StageRef("warmup"), OPT, restore_optimizer=True),
         config={"critic_optimizer": "restore"})
     store.close()
     assert_bitwise_equal(state.actor_params, rsr.actor_params)        # latest step (8) of rsr-1
@@ -177,8 +177,8 @@ def test_handoff_with_fresh_critic_reinitialised_optimizer_or_no_critic(two_pare
     _, _, _, fresh = model_params(99)
     state, store = ckpt.start_stage(
         run, "rpr-fresh", kind="rpr", target=abstract_state(warmup),
-        actor_from=ckpt.StageRef("warmup"), critic_from=ckpt.FRESH, fresh_critic_params=fresh,
-        actor_optimizer=OPT, critic_optimizer=OPT)
+        actor=ckpt.Side(ckpt.StageRef("warmup"), OPT),
+        critic=ckpt.Side(ckpt.FRESH, OPT, fresh_params=fresh))
     store.close()
     assert_bitwise_equal(state.critic_params, fresh)
     assert_bitwise_equal(state.critic_opt_state, OPT.init(fresh))
@@ -188,7 +188,7 @@ def test_handoff_with_fresh_critic_reinitialised_optimizer_or_no_critic(two_pare
 
     state, store = ckpt.start_stage(
         run, "grpo-1", kind="grpo", target=abstract_state(warmup),
-        actor_from=ckpt.StageRef("rsr-1", step=4), critic_from=None, actor_optimizer=OPT)
+        actor=ckpt.Side(ckpt.StageRef("rsr-1", step=4), OPT), critic=ckpt.Side(None))
     store.close()
     assert state.critic_params is None and state.critic_opt_state is None
     assert_bitwise_equal(state.actor_params, trained_state(21, with_critic=False).actor_params)
@@ -196,8 +196,9 @@ def test_handoff_with_fresh_critic_reinitialised_optimizer_or_no_critic(two_pare
 
 def test_reopening_a_started_stage_resumes_instead_of_handing_off_again(two_parent_stages):
     run, warmup, _ = two_parent_stages
-    kwargs = dict(kind="rpr", target=abstract_state(warmup), actor_from=ckpt.StageRef("rsr-1"),
-                  critic_from=ckpt.StageRef("warmup"), actor_optimizer=OPT, critic_optimizer=OPT)
+    kwargs = dict(kind="rpr", target=abstract_state(warmup),
+                  actor=ckpt.Side(ckpt.StageRef("rsr-1"), OPT),
+                  critic=ckpt.Side(ckpt.StageRef("warmup"), OPT))
     state, store = ckpt.start_stage(run, "rpr-1", **kwargs)
     advanced = state.replace(step=state.step + 2,
                              actor_params=jax.tree.map(lambda x: x + 1, state.actor_params))
@@ -213,8 +214,8 @@ def test_rsr_stage_fails_loudly_when_the_critic_changes(two_parent_stages):
     run, warmup, _ = two_parent_stages
     state, store = ckpt.start_stage(
         run, "rsr-2", kind="rsr", target=abstract_state(warmup),
-        actor_from=ckpt.StageRef("rsr-1"), critic_from=ckpt.StageRef("warmup"),
-        actor_optimizer=OPT, critic_optimizer=None, critic_frozen=True)
+        actor=ckpt.Side(ckpt.StageRef("rsr-1"), OPT),
+        critic=ckpt.Side(ckpt.StageRef("warmup"), None, frozen_hash=True))
     assert store.manifest["critic_hash_before"] == ckpt.tree_hash(warmup.critic_params)
     bumped = state.replace(step=state.step + 1, critic_params=jax.tree.map(
         lambda x: x.at[(0,) * x.ndim].add(1e-3) if x.ndim else x, state.critic_params))
@@ -277,9 +278,9 @@ def test_bad_requests_name_the_fault(tmp_path):
     (tmp_path / "s" / "stage.json").write_text("{not json")
     with pytest.raises(ckpt.CheckpointError, match="stage.json: not valid JSON"):
         ckpt.StageStore(tmp_path, "s").manifest
-    with pytest.raises(ValueError, match="critic_from must be a StageRef, FRESH or None"):
+    with pytest.raises(ValueError, match="critic's source must be a StageRef, FRESH or None"):
         ckpt.start_stage(tmp_path, "t", kind="rpr", target=abstract_state(state),
-                         actor_from=None, critic_from="warmup")
+                         critic=ckpt.Side("warmup"))
 
 
 def test_train_state_is_a_pytree_of_arrays_only():
@@ -297,4 +298,5 @@ def test_handoff_refuses_params_that_do_not_match_their_recorded_hash(two_parent
     manifest_file.write_text(json.dumps(manifest))
     with pytest.raises(ckpt.CheckpointError, match="restored critic_params hash .* differs"):
         ckpt.start_stage(run, "rpr-x", kind="rpr", target=abstract_state(warmup),
-                         actor_from=ckpt.StageRef("rsr-1"), critic_from=ckpt.StageRef("warmup"))
+                         actor=ckpt.Side(ckpt.StageRef("rsr-1")),
+                         critic=ckpt.Side(ckpt.StageRef("warmup")))

@@ -125,13 +125,15 @@ def evaluate(
     seed: int = 0,
     progress: bool | None = None,
     sandbox_config=None,
+    docker_endpoints: Sequence[str] = (),
     system_prompt: str | None = None,
 ) -> dict:
     """Evaluates each policy on ``tasks`` (``k`` attempts each) with its budgets (one ``Budgets`` for
     all, or a mapping policy name → ``Budgets``); writes ``workdir/eval.json``
     (all numbers + per task), ``workdir/eval.txt`` (the table) and the episode records
     ``workdir/episodes-<policy>.jsonl``.  ``system_prompt``: the episodes' system message (None:
-    the harness's ``SYSTEM_PROMPT``).  Returns ``{policy name: summary}``."""
+    the harness's ``SYSTEM_PROMPT``).  ``docker_endpoints``: the Docker engines to spread
+    sandboxes over (:class:`RolloutConfig`).  Returns ``{policy name: summary}``."""
     if not tasks:
         raise ValueError("evaluate: no tasks")
     if not isinstance(policies, Mapping):
@@ -143,7 +145,8 @@ def evaluate(
             raise ValueError(f"evaluate: no budgets for policy {name!r} (have {sorted(budgets)})")
         config = RolloutConfig(backend=backend, concurrency=concurrency, progress=progress,
                                budgets=budgets[name] if isinstance(budgets, Mapping) else budgets,
-                               sandbox_config=sandbox_config)
+                               sandbox_config=sandbox_config,
+                               docker_endpoints=tuple(docker_endpoints))
         if system_prompt is not None:
             config.system_prompt = system_prompt
         policy_layout = getattr(policy, "layout", None) or layout or _default_layout()

@@ -28,32 +28,92 @@ from tr.agent.transcript import ChatLayout
 
 class TaskEnv:
     """:class:`~tr.agent.harness.EpisodeEnv` over ``tr.envs``: a fresh sandbox with the task laid
-    down, or (recovery) a sandbox restored from the parent's pre-verifier snapshot."""
+    down, or (recovery) a sandbox restored from the parent's pre-verifier snapshot.
 
-    def __init__(self, backend: str = "local", sandbox_config: Any = None):
+    ``docker_endpoints`` (docker only): spread sandboxes over these engines (URLs or docker
+    context names, :class:`tr.envs.endpoints.EndpointPool`): each new sandbox goes to the healthy
+    one with the fewest live sandboxes; one that stops answering is skipped until it answers
+    again (``endpoint_cooldown_s``).  Its running episodes fail in their sandbox calls -- infra
+    failures, as the harness classes them.  ``placements`` maps episode ids to endpoint names."""
+
+    def __init__(self, backend: str = "local", sandbox_config: Any = None,
+                 docker_endpoints: Sequence[str] = (), *, endpoint_cooldown_s: float = 30.0):
         from tr.envs.sandbox import SandboxConfig
 
         self.backend = backend
         self.sandbox_config = sandbox_config if sandbox_config is not None else SandboxConfig()
         self._lock = threading.Lock()
         self.open_sandboxes: set[int] = set()
+        self.pool = None
+        self.placements: dict[str, str] = {}
+        self._endpoint_of: dict[int, Any] = {}
+        if docker_endpoints:
+            if backend != "docker":
+                raise ValueError(f"docker_endpoints={list(docker_endpoints)!r} needs backend "
+                                 f"'docker', not {backend!r}")
+            from tr.envs.endpoints import EndpointPool
+            self.pool = EndpointPool(docker_endpoints, cooldown_s=endpoint_cooldown_s)
+
+    def _sandbox(self, config, image: str | None = None):
+        """A started sandbox of ``config``; with a pool, on the least loaded healthy endpoint
+        (``image`` made present there first); an endpoint that fails to start one and no longer
+        answers is marked down and the next one is tried."""
+        from tr.envs.sandbox import make_sandbox
+
+        if self.pool is None:
+            sandbox = make_sandbox(self.backend, config)
+            with self._lock:
+                self.open_sandboxes.add(id(sandbox))
+            try:
+                return sandbox.start()
+            except BaseException:
+                self.close(sandbox)
+                raise
+        tried: list = []
+        while True:
+            endpoint = self.pool.acquire(exclude=tried)
+            sandbox = make_sandbox(self.backend, dataclasses.replace(
+                config, docker_endpoint=endpoint.name))
+            with self._lock:
+                self.open_sandboxes.add(id(sandbox))
+                self._endpoint_of[id(sandbox)] = endpoint
+            try:
+                self.pool.ensure_image(endpoint, config.image)   # None: the base image
+                if image:
+                    self.pool.ensure_image(endpoint, image)
+                return sandbox.start()
+            except BaseException as e:
+                self.close(sandbox)
+                if not isinstance(e, Exception) or self.pool.check(endpoint):
+                    raise                           # it answers: the failure is not the engine's
+                tried.append(endpoint)
+                if len(tried) == len(self.pool.endpoints):
+                    raise
+
+    def endpoint_of(self, sandbox) -> str | None:
+        """The endpoint name an open sandbox is on (None: the default engine)."""
+        ep = self._endpoint_of.get(id(sandbox))
+        return None if ep is None else ep.name
 
     def open(self, spec: EpisodeSpec):
-        from tr.envs.sandbox import make_sandbox
         from tr.envs.tasks.runner import prepare, sandbox_config
 
-        sandbox = make_sandbox(self.backend, sandbox_config(spec.task, self.backend, self.sandbox_config))
-        with self._lock:
-            self.open_sandboxes.add(id(sandbox))
+        config = sandbox_config(spec.task, self.backend, self.sandbox_config)
+        snapshot = None
+        if spec.parent is not None:
+            if spec.parent.snapshot_ref is None:
+                raise ValueError(f"recovery from episode {spec.parent.episode_id}: its record has "
+                                 "no snapshot (run it with snapshot_before_verify=True)")
+            snapshot = snapshot_from_ref(spec.parent.snapshot_ref)
+        sandbox = self._sandbox(config, image=snapshot.image if snapshot is not None else None)
+        if self.pool is not None:
+            with self._lock:
+                self.placements[spec.episode_id] = self.endpoint_of(sandbox)
         try:
-            sandbox.start()
-            if spec.parent is None:
+            if snapshot is None:
                 prepare(spec.task, sandbox, self.backend)
             else:
-                if spec.parent.snapshot_ref is None:
-                    raise ValueError(f"recovery from episode {spec.parent.episode_id}: its record has "
-                                     "no snapshot (run it with snapshot_before_verify=True)")
-                sandbox.restore(snapshot_from_ref(spec.parent.snapshot_ref))
+                sandbox.restore(snapshot)
         except BaseException:
             self.close(sandbox)
             raise
@@ -70,15 +130,18 @@ class TaskEnv:
     def verifier_fault(self, spec: EpisodeSpec, sandbox) -> tuple[str, str]:
         """After a verifier error: "harness" if the sandbox died or the verifier also fails on a
         fresh sandbox with the task laid down and nothing done (the canary), else "agent"."""
-        from tr.envs.sandbox import make_sandbox
         from tr.envs.tasks.runner import prepare, sandbox_config, verify
 
         if not sandbox.alive():
-            return "harness", "the sandbox died"
+            where = self.endpoint_of(sandbox)
+            return "harness", "the sandbox died" + (f" (docker endpoint {where})" if where else "")
         config = sandbox_config(spec.task, self.backend, self.sandbox_config)
-        with make_sandbox(self.backend, config) as canary:
+        canary = self._sandbox(config)
+        try:
             prepare(spec.task, canary, self.backend)
             result = verify(spec.task, canary)
+        finally:
+            self.close(canary)
         if result.error is not None:
             return "harness", (f"the untouched environment fails to verify too: {result.error}: "
                                f"{result.error_detail}")
@@ -90,6 +153,14 @@ class TaskEnv:
         finally:
             with self._lock:
                 self.open_sandboxes.discard(id(sandbox))
+                endpoint = self._endpoint_of.pop(id(sandbox), None)
+            if endpoint is not None:
+                self.pool.release(endpoint, getattr(sandbox, "unreleased", ()))
+
+    def shutdown(self) -> None:
+        """Last clean-up of what endpoints that went away kept (see EndpointPool.close)."""
+        if self.pool is not None:
+            self.pool.close()
 
 
 def snapshot_to_ref(snapshot) -> dict:
@@ -201,6 +272,10 @@ class RolloutConfig:
     max_batch: int = 64
     batch_window_s: float = 0.02
     progress: bool | None = None  # None: only when stderr is a terminal
+    # docker only: engines to spread sandboxes over (URLs or docker context names; see
+    # tr.envs.endpoints).  Empty: every sandbox on the default engine ($DOCKER_HOST / the socket).
+    docker_endpoints: tuple[str, ...] = ()
+    endpoint_cooldown_s: float = 30.0  # seconds before an endpoint that stopped answering is asked again
     system_prompt: str = SYSTEM_PROMPT  # the episode's system message (the action format)
 
 
@@ -238,7 +313,10 @@ def run_rollouts(
         raise ValueError(f"concurrency={config.concurrency} must be >= 1")
     if keep_first is not None and not 1 <= keep_first <= len(specs):
         raise ValueError(f"keep_first={keep_first} must be in [1, {len(specs)}]")
-    env = env if env is not None else TaskEnv(config.backend, config.sandbox_config)
+    own_env = env is None
+    if own_env:
+        env = TaskEnv(config.backend, config.sandbox_config, config.docker_endpoints,
+                      endpoint_cooldown_s=config.endpoint_cooldown_s)
     batcher = RequestBatcher(policy, max_batch=config.max_batch, window_s=config.batch_window_s)
     cancel = threading.Event()
     progress = Progress(len(specs) if keep_first is None else keep_first, enabled=config.progress)
@@ -288,6 +366,8 @@ def run_rollouts(
         pool.shutdown(wait=True, cancel_futures=True)
         batcher.close()
         progress.finish()
+        if own_env:
+            env.shutdown()
     return RolloutResult(records=kept, cancelled=cancelled, not_started=not_started,
                          wall_s=time.monotonic() - t0, generation_calls=batcher.calls,
                          generation_s=batcher.busy_s, batch_sizes=list(batcher.batch_sizes))
@@ -316,6 +396,9 @@ def main(argv=None) -> int:
     p.add_argument("--snapshot", action="store_true", help="snapshot before the verifier (ReTerm)")
     p.add_argument("--backend", default="local", choices=("local", "docker"))
     p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--docker-endpoint", action="append", default=[], metavar="URL_OR_CONTEXT",
+                   help="docker: spread sandboxes over these engines (repeat; default: the "
+                        "local engine)")
     p.add_argument("--max-turns", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -334,8 +417,11 @@ def main(argv=None) -> int:
     else:
         policy = load_model_policy(args.policy, seed=args.seed)
         layout, budgets = policy.layout, policy.budgets(256, max_turns=args.max_turns)
+    if args.docker_endpoint and args.backend != "docker":
+        p.error("--docker-endpoint needs --backend docker")
     cfg = RolloutConfig(backend=args.backend, concurrency=args.concurrency, budgets=budgets,
-                        snapshot_before_verify=args.snapshot)
+                        snapshot_before_verify=args.snapshot,
+                        docker_endpoints=tuple(args.docker_endpoint))
     out = run_rollouts(group_specs(tasks, args.group_size, seed=args.seed), policy, layout, cfg,
                        keep_first=args.keep_first)
     n = write_shard(out.records, args.out)

@@ -84,7 +84,7 @@ FRESH = ('read -r _ || exit 125; exec </dev/null 2>&1; '
 SHELL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 _seed_lock = threading.Lock()
-_reaped = False
+_reaped: set = set()               # endpoints (None: the default engine) reaped by this process
 
 
 SCOPE_LABEL = "tr.scope"
@@ -95,9 +95,13 @@ def _owner_labels(kind: str) -> dict:
     return {LABEL: kind, OWNER_LABEL: owner_id(), SCOPE_LABEL: host_scope()}
 
 
-def remove_image(image: str) -> None:
+def remove_image(image: str, endpoint: str | None = None) -> None:
     import docker
-    client = docker_client()
+    if endpoint:
+        from tr.envs.endpoints import endpoint_client
+        client = endpoint_client(endpoint)
+    else:
+        client = docker_client()
     try:
         client.images.remove(image, force=True, noprune=False)
     except docker.errors.ImageNotFound:
@@ -221,19 +225,24 @@ class DockerSandbox(ShellSandbox):
         self._started = False
         self._closed = False
         self._python = None
+        self.unreleased: list[tuple[str, str]] = []   # ("container"|"image", id) close left
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self, _from_snapshot: Snapshot | None = None) -> "DockerSandbox":
-        global _reaped
         if self._started:
             return self
         self._started = True
         self._track()
         try:
-            self.client = docker_client()
+            endpoint = self.config.docker_endpoint
+            if endpoint is None:
+                self.client = docker_client()
+            else:
+                from tr.envs.endpoints import endpoint_client
+                self.client = endpoint_client(endpoint)
             private_dir(self.state_dir)
-            if not _reaped:
-                _reaped = True
+            if endpoint not in _reaped:
+                _reaped.add(endpoint)
                 run_reaper(lambda: reap_stale_docker(self.client),
                            lambda: reap_stale(self.state_dir))
             self.ws = HostWorkspace(self.areas, self.config.disk_mb, self.state_dir)
@@ -601,7 +610,7 @@ class DockerSandbox(ShellSandbox):
         finally:
             self.container.unpause()
         return Snapshot(id=sid, backend="docker", location=str(dest), image=img.id,
-                        persistent=persist)
+                        persistent=persist, endpoint=self.config.docker_endpoint or "")
 
     def restore(self, snapshot) -> None:
         """The container is replaced by one from the snapshot image, the areas are copied back;
@@ -684,16 +693,21 @@ class DockerSandbox(ShellSandbox):
             raise SandboxError(f"processes {sorted(left)} of the container survived SIGKILL")
 
     def _release(self) -> None:
+        import docker
         try:
             if self.container is not None:
                 self.container.remove(force=True)
-        except Exception:
+        except docker.errors.NotFound:
             pass
+        except Exception:   # the engine went away: the endpoint pool removes it when it is back
+            self.unreleased.append(("container", self.container.id))
         for image in self.images:
             try:
                 self.client.images.remove(image, force=True)
-            except Exception:
+            except docker.errors.ImageNotFound:
                 pass
+            except Exception:
+                self.unreleased.append(("image", image))
         if self.ws is not None:
             self.ws.close()
         if self.client is not None:

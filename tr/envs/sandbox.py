@@ -68,6 +68,8 @@ class SandboxConfig:
     cpus: float = 1.0               # CPU quota in cores across all the sandbox's processes
     persist_snapshots: bool = False
     state_dir: str | None = None    # host folder for sandbox roots and snapshots (default: $TMPDIR)
+    docker_endpoint: str | None = None  # docker only: the engine, a URL or docker context name
+                                        # (tr.envs.endpoints; default: $DOCKER_HOST / the socket)
 
     def __post_init__(self):
         for name in ("memory_mb", "pids", "file_size_mb", "cpu_time_s", "output_cap_bytes",
@@ -82,6 +84,10 @@ class SandboxConfig:
             raise ValueError(f"SandboxConfig.env must map str to str, got {self.env!r}")
         if not (isinstance(self.cpus, (int, float)) and self.cpus > 0):
             raise ValueError(f"SandboxConfig.cpus must be > 0, got {self.cpus!r}")
+        if self.docker_endpoint is not None and not (
+                isinstance(self.docker_endpoint, str) and self.docker_endpoint.strip()):
+            raise ValueError("SandboxConfig.docker_endpoint must be a URL or docker context name, "
+                             f"got {self.docker_endpoint!r}")
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,7 @@ class Snapshot:
     location: str
     image: str = ""
     persistent: bool = False
+    endpoint: str = ""              # docker only: the engine holding ``image`` ("": the default)
 
 
 @runtime_checkable
@@ -232,7 +239,7 @@ def discard_snapshot(snapshot: Snapshot) -> None:
     """Delete a (persistent) snapshot: its host folder and, for docker, its image."""
     if snapshot.image:
         from tr.envs.docker_sandbox import remove_image
-        remove_image(snapshot.image)
+        remove_image(snapshot.image, snapshot.endpoint or None)
     if snapshot.location and os.path.isdir(snapshot.location):
         from pathlib import Path
         from tr.envs.workspace import remove_tree

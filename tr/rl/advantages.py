@@ -14,24 +14,17 @@ pass the recursion through unchanged and get zero advantage and return; they sti
 the critic, whose pre-token value ``v_k`` sees the whole history. ``d_j`` (``dones``) is read at nodes
 only: it is true on the last action token of an episode, so several episodes may be packed in a row.
 
-Implementation (``method``), all reverse ``jax.lax.scan`` s or their log-depth counterpart:
+The public form is the recursion itself: one reverse ``jax.lax.scan`` over the positions, the
+batch as the vector dimension, whose state is the ``Carry`` of the next node ``(v_k, A_k, turn_k)``
+(non-node positions pass it through unchanged); a sweep over partitions is bitwise equal to the
+unsplit scan. Two faster forms sit behind ``method`` as private variants, kept equal to the scan
+(up to float rounding: products associated differently) by the tests:
 
-* ``"blocked"`` (default): the recursion ``block = 4`` positions at a time. Inside every block at
-  once, each node's advantage is written as ``α_i + β_i·A_last`` (``A_last``: the block's last
-  node, the only one whose next node lies outside the block); a reverse ``lax.scan`` over the
-  ``L/4`` blocks carries the ``Carry`` and yields each ``A_last``. A quarter of the sequential
-  steps, which is what costs on CPU (see ``bench/bench_gae.py``).
-* ``"scan"``: one reverse ``lax.scan`` over the positions with the batch as the vector dimension;
-  the scan state is the ``Carry`` of the next node ``(v_k, A_k, turn_k)``, which non-node
-  positions pass through unchanged. The recursion exactly as written: a sweep over partitions is
-  bitwise equal to the unsplit scan.
-* ``"associative"``: log depth, for long contexts on accelerators. One
-  ``jax.lax.associative_scan`` finds each position's next node (value and turn), the coefficients
-  ``c_j = Γ_jΛ_j(1−d_j)`` and ``δ_j`` are then computed for all positions at once, and a second
-  ``associative_scan`` composes the affine maps ``x ↦ δ_j + c_j x`` (non-nodes: identity).
-
-The three agree up to float rounding (products associated differently); the tests check each
-against a slow reference loop.
+* ``"blocked"``: ``block = 4`` positions at a time; inside every block at once each node's
+  advantage is ``α_i + β_i·A_last``, and a reverse scan over the ``L/4`` blocks yields each
+  ``A_last``. A quarter of the sequential steps, which is what costs on CPU (``bench/bench_gae.py``).
+* ``"associative"``: log depth, for long contexts on accelerators: one ``associative_scan`` finds
+  each position's next node, a second composes the affine maps ``x ↦ δ_j + c_j x``.
 
 Partitions: ``carry`` holds ``(value, advantage, turn_id)`` of the first node of the partition to
 the right; the output carry holds the same for this partition's first node (or passes the input
@@ -52,8 +45,11 @@ __all__ = [
     "Carry",
     "GaeOutput",
     "explained_variance",
+    "check_one_rollout_per_row",
     "grpo_advantages",
+    "grpo_row_advantages",
     "tb_gae",
+    "tb_gae_across_windows",
     "token_gae",
 ]
 
@@ -137,7 +133,7 @@ def _node_coefficients(u, not_done, value_next, same_turn, gamma, lam):
     return u + gamma * not_done * value_next, gamma * lam * not_done
 
 
-def _sequential(node_mask, u, values, turn_ids, not_done, carry: Carry, gamma, lam):
+def _scan(node_mask, u, values, turn_ids, not_done, carry: Carry, gamma, lam):
     """One reverse ``lax.scan`` over positions, the batch as the vector: the recursion as written."""
     with_turns = turn_ids is not None
 
@@ -159,7 +155,7 @@ def _sequential(node_mask, u, values, turn_ids, not_done, carry: Carry, gamma, l
 
 
 def _blocked(node_mask, u, values, turn_ids, not_done, carry: Carry, gamma, lam, block=_BLOCK):
-    """The same recursion, ``block`` positions at a time (about twice as fast as ``_sequential`` on CPU).
+    """The same recursion, ``block`` positions at a time (about twice as fast as ``_scan`` on CPU).
 
     Positions are cut into blocks of ``block``. Inside every block at once (a short unrolled loop
     over the block that XLA fuses into passes over contiguous memory), each node's next node
@@ -262,7 +258,7 @@ def _gae(rewards, values, node_mask, dones, turn_ids, carry: Carry, gamma, lam, 
     if method == "blocked":
         chain, carry_out = _blocked(*args)
     elif method == "scan":
-        chain, carry_out = _sequential(*args)
+        chain, carry_out = _scan(*args)
     elif method == "associative":
         chain, carry_out = _associative(*args)
     else:
@@ -282,7 +278,7 @@ def tb_gae(
     gamma_turn: float | Float[Array, ""],
     lam_turn: float | Float[Array, ""],
     carry: Carry | None = None,
-    method: Method = "blocked",
+    method: Method = "scan",
 ) -> GaeOutput:
     """Turn-boundary GAE over the action tokens (``actor_mask``).
 
@@ -293,6 +289,8 @@ def tb_gae(
     Credit crossing ``B`` turn boundaries decays by exactly ``(γ_turn λ_turn)^B`` whatever the
     number of observation tokens and of action tokens per turn. Observation tokens pass the carry.
     ``carry``: ``Carry`` of the next partition's first action token (``None``: nothing follows).
+    ``method``: ``"scan"`` (the recursion as written), or the equal private variants ``"blocked"``
+    (faster on CPU) and ``"associative"`` (log depth).
     """
     _check_inputs("tb_gae", rewards, values, actor_mask, dones, turn_ids)
     batch = jnp.shape(rewards)[0]
@@ -310,7 +308,7 @@ def token_gae(
     gamma: float | Float[Array, ""],
     lam: float | Float[Array, ""],
     carry: Carry | None = None,
-    method: Method = "blocked",
+    method: Method = "scan",
 ) -> GaeOutput:
     """Token-level GAE along the chain of nodes ``node_mask`` (the baseline).
 
@@ -338,6 +336,99 @@ def grpo_advantages(rewards: Float[Array, "g n"], eps: float = 1e-6) -> Float[Ar
     mean = jnp.mean(rewards, axis=1, keepdims=True)
     std = jnp.std(rewards, axis=1, keepdims=True)
     return (rewards - mean) / (std + eps)
+
+
+def grpo_row_advantages(
+    rewards: Float[Array, "b l"],
+    actor_mask: Bool[Array, "b l"],
+    *,
+    group_size: int,
+    std_eps: float = 1e-6,
+) -> Float[Array, "b l"]:
+    """GRPO advantages of rows laid out in consecutive groups of ``group_size`` rollouts.
+
+    One rollout per row (``check_one_rollout_per_row``): row reward ``R_r = Σ_l rewards[r, l]``,
+    ``Â = (R − mean_g R)/(std_g R + δ)`` per group (``grpo_advantages``), broadcast to the row's
+    action tokens.
+    """
+    chex.assert_rank([rewards, actor_mask], 2)
+    rows = rewards.shape[0]
+    if group_size < 1 or rows % group_size:
+        raise ValueError(f"grpo_row_advantages: {rows} rows are not whole groups of "
+                         f"group_size={group_size}")
+    row_rewards = jnp.sum(jnp.asarray(rewards, jnp.float32), axis=1)
+    row_adv = grpo_advantages(row_rewards.reshape(rows // group_size, group_size),
+                              eps=std_eps).reshape(rows)
+    return jnp.where(actor_mask, row_adv[:, None], 0.0)
+
+
+def check_one_rollout_per_row(batch, *, where: str = "grpo") -> None:
+    """Raises ValueError unless every row of ``batch`` holds exactly one whole rollout.
+
+    GRPO's advantage is a function of a rollout's total reward, so a row must be one rollout: not
+    several packed together (``segment_ids`` with a value above 1) and not one context window of an
+    episode split by summarisation (``window_ids`` above 0 or ``next_window_row`` ≥ 0). Host-side
+    (reads concrete values); call it before the compiled step.
+    """
+    import numpy as np  # pylint: disable=g-import-not-at-top
+
+    if "segment_ids" in batch:
+        segments = np.asarray(batch["segment_ids"])
+        packed = np.flatnonzero((segments > 1).any(axis=-1))
+        if packed.size:
+            raise ValueError(f"{where}: rows {packed[:8].tolist()} hold several packed rollouts "
+                             "(segment_ids > 1); GRPO needs one rollout per row (pack=False)")
+    for key in ("window_ids", "next_window_row"):
+        if key in batch:
+            ids = np.asarray(batch[key])
+            split = np.flatnonzero(ids > 0 if key == "window_ids" else ids >= 0)
+            if split.size:
+                raise ValueError(f"{where}: rows {split[:8].tolist()} are windows of episodes split "
+                                 f"by summarisation ({key}); GRPO needs one whole rollout per row")
+
+
+def tb_gae_across_windows(
+    rewards: Float[Array, "b l"],
+    values: Float[Array, "b l"],
+    actor_mask: Bool[Array, "b l"],
+    turn_ids: Int[Array, "b l"],
+    dones: Bool[Array, "b l"],
+    window_ids: Int[Array, " b"],
+    next_window_row: Int[Array, " b"],
+    *,
+    num_windows: int,
+    gamma_turn: float | Float[Array, ""],
+    lam_turn: float | Float[Array, ""],
+    method: Method = "scan",
+) -> GaeOutput:
+    """TB-GAE of episodes split into context windows, one window per row (SPEC §6 "Summary windows").
+
+    Row ``r`` is window ``window_ids[r]`` of its episode; ``next_window_row[r]`` is the row of the
+    episode's next window (−1: the last window). Windows are processed last to first
+    (``num_windows`` passes, static): pass ``w`` runs ``tb_gae`` on every row with the carry-out
+    of its next window's row from pass ``w + 1``, and keeps the rows whose window is ``w``. So when
+    only the last window holds the episode's reward and done, the advantages equal the unsplit
+    computation over the concatenated windows. Returns the carry of each row's first node.
+    """
+    chex.assert_rank([window_ids, next_window_row], 1)
+    batch = jnp.shape(rewards)[0]
+    window_ids = jnp.asarray(window_ids, jnp.int32)
+    next_window_row = jnp.asarray(next_window_row, jnp.int32)
+    empty = _empty_carry(batch)
+    carry_out = empty
+    advantages = jnp.zeros(jnp.shape(rewards), jnp.float32)
+    returns = jnp.zeros(jnp.shape(rewards), jnp.float32)
+    for w in reversed(range(num_windows)):
+        has_next = next_window_row >= 0
+        nxt = jnp.maximum(next_window_row, 0)
+        carry_in = Carry(*(jnp.where(has_next, c[nxt], e) for c, e in zip(carry_out, empty)))
+        out = tb_gae(rewards, values, actor_mask, turn_ids, dones, gamma_turn=gamma_turn,
+                     lam_turn=lam_turn, carry=carry_in, method=method)
+        here = window_ids == w
+        advantages = jnp.where(here[:, None], out.advantages, advantages)
+        returns = jnp.where(here[:, None], out.returns, returns)
+        carry_out = Carry(*(jnp.where(here, new, old) for new, old in zip(out.carry, carry_out)))
+    return GaeOutput(advantages, returns, carry_out)
 
 
 def explained_variance(

@@ -28,8 +28,27 @@ def select_tasks(suite: str, task_ids):
     return tasks
 
 
+def docker_endpoints(settings) -> tuple[str, ...]:
+    """``config.eval.docker_endpoints``, checked: each a Docker URL or a docker context name, and
+    only with the docker backend."""
+    endpoints = tuple(settings.get("docker_endpoints", ()) or ())
+    if not endpoints:
+        return ()
+    if settings.backend != "docker":
+        raise ConfigError(f"config.eval.docker_endpoints = {endpoints!r} needs "
+                          f"config.eval.backend = 'docker' (it is {settings.backend!r})")
+    from tr.envs.endpoints import resolve_endpoint
+    for endpoint in endpoints:
+        try:
+            resolve_endpoint(endpoint)
+        except ValueError as error:
+            raise ConfigError(f"config.eval.docker_endpoints: {error}") from None
+    return endpoints
+
+
 def run(config, workdir: pathlib.Path):
     settings = config.eval
+    endpoints = docker_endpoints(settings)
     tasks = select_tasks(settings.suite, tuple(settings.tasks))
     policies, budgets = evaluation.build_policies(
         tuple(settings.policies), tasks, seed=config.seed,
@@ -38,7 +57,8 @@ def run(config, workdir: pathlib.Path):
         model_output_tokens=settings.model_output_tokens)
     results = evaluation.evaluate(policies, tasks, k=settings.k, workdir=workdir,
                                   backend=settings.backend, concurrency=settings.concurrency,
-                                  budgets=budgets, seed=config.seed, progress=True)
+                                  budgets=budgets, seed=config.seed, progress=True,
+                                  docker_endpoints=endpoints)
     print(evaluation.format_table(results))
     print(f"wrote {workdir / 'eval.json'}, {workdir / 'eval.txt'} and the episode records")
     return results

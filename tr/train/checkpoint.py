@@ -13,11 +13,12 @@ Orbax writes each step into `<step>.orbax-checkpoint-tmp` and renames it when co
 killed at any moment (SIGKILL included, also in the middle of a save) leaves either a complete step
 or a temporary folder that the next writable `StageStore` of the stage deletes; `latest_step()` only sees complete steps.
 
-**Handoff** (`start_stage`): a new stage is built from the actor of one stage and the critic of
-another (or a fresh critic, or none); each optimizer state is restored from its parent or
-re-initialised, as the caller says. The parents and their parameter hashes go in `stage.json`.
-A stage opened with `critic_frozen=True` (RSR, actor-only SFT/GRPO) records the critic's hash at
-the start and refuses to save or finish if the critic changed (`CriticChangedError`): Δφ|RSR = 0.
+**Handoff** (`start_stage`): a new stage is built from one `Side` spec per side: the actor of one
+stage and the critic of another (or a fresh critic, or none); each optimizer state is restored
+from its parent or re-initialised (`hand_off`, one function for both sides). The parents and their
+parameter hashes go in `stage.json`. A critic opened with `Side(frozen_hash=True)` (RSR,
+actor-only SFT/GRPO) has its hash recorded at the start; the store refuses to save or finish if
+the critic changed (`CriticChangedError`): Δφ|RSR = 0.
 
 Parameter hash: sha256 over the leaves in the order of their sorted key paths, each contributing its
 key path, dtype, shape and C-order bytes, so the hash depends on values and names only, not on how
@@ -33,7 +34,7 @@ import os
 import pathlib
 import re
 import shutil
-from typing import Any
+from typing import Any, NamedTuple
 
 import grain
 import jax
@@ -45,7 +46,7 @@ from tr.train.state import MODEL_ITEMS, TrainState
 
 PyTree = Any
 
-FRESH = "fresh"  # `critic_from=FRESH`: the new stage gets freshly initialised critic parameters.
+FRESH = "fresh"  # `Side(source=FRESH)`: the new stage gets freshly initialised critic parameters.
 _STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _FORMAT = 1
 _INCOMPLETE = ".orbax-checkpoint-tmp"  # Orbax's suffix for a step folder not yet renamed in place
@@ -351,131 +352,128 @@ def _parent_record(store: StageStore, step: int, name: str, params: PyTree) -> d
     return {"stage": store.stage, "step": step, "hash": digest}
 
 
-def start_stage(
-    run_dir,
-    stage: str,
-    *,
-    kind: str,
-    target: TrainState,
-    actor_from: StageRef | None,
-    critic_from: StageRef | str | None,
-    actor_optimizer=None,
-    critic_optimizer=None,
-    restore_actor_optimizer: bool = False,
-    restore_critic_optimizer: bool = False,
-    fresh_critic_params: PyTree = None,
-    critic_frozen: bool = False,
-    config=None,
-    seed: int = 0,
-    data_iter=None,
-    save_every: int = 1,
-    max_to_keep: int | None = None,
-    async_save: bool = True,
-    hash_on_save: bool = True,
-) -> tuple[TrainState, StageStore]:
+@dataclasses.dataclass(frozen=True)
+class Side:
+    """Where one side (actor or critic) of a new stage comes from, and whether it trains.
+
+    source:            a `StageRef` (a saved step of another stage), `FRESH` (use `fresh_params`)
+                       or None (the stage has no such side).
+    optimizer:         the side's optax optimizer, or None: the side is frozen (no optimizer state).
+    restore_optimizer: take the optimizer state from the same parent step instead of `init`.
+    fresh_params:      the parameters when `source` is `FRESH`.
+    frozen_hash:       record the side's hash at the start and refuse to save or finish if it
+                       changed (`CriticChangedError`; the critic of RSR: Δφ = 0). Critic only.
+    """
+
+    source: StageRef | str | None = None
+    optimizer: Any = None
+    restore_optimizer: bool = False
+    fresh_params: PyTree = None
+    frozen_hash: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreOptions:
+    """How the new stage's `StageStore` saves (see `StageStore`)."""
+
+    save_every: int = 1
+    max_to_keep: int | None = None
+    async_save: bool = True
+    hash_on_save: bool = True
+
+
+def start_stage(run_dir, stage: str, *, kind: str, target: TrainState, actor: Side = Side(),
+                critic: Side = Side(), config=None, seed: int = 0, data_iter=None,
+                store_options: StoreOptions = StoreOptions()) -> tuple[TrainState, StageStore]:
     """Opens stage `stage` of the run: resumes it if it has checkpoints, else builds it by handoff.
 
-    Handoff: the actor parameters come from `actor_from` (a saved step of another stage), the critic
-    parameters from `critic_from` (a saved step, `FRESH` to use `fresh_critic_params`, or None for a
-    stage without critic). Each optimizer state is restored from the same parent
-    (`restore_*_optimizer=True`) or re-initialised with `*_optimizer.init` (None: no optimizer,
-    the side is frozen). Restored parameters must match the hash recorded when they were saved.
-    `target` gives the shapes, dtypes and shardings of the new stage's state
-    (its optimizer-state parts are used only when restoring them). The stage's step 0 is saved at
-    once, so a run killed before its first periodic save resumes from the handoff itself.
+    Handoff (`hand_off`, the same for both sides): each side's parameters come from its `Side`
+    source; its optimizer state is restored from the same parent or re-initialised; restored
+    parameters must match the hash recorded when they were saved. `target` gives the shapes,
+    dtypes and shardings of the new stage's state. The stage's step 0 is saved at once, so a run
+    killed before its first periodic save resumes from the handoff itself.
 
     Returns the state and the open `StageStore` (close it, or use it as a context manager).
     """
-    store = StageStore(run_dir, stage, save_every=save_every, max_to_keep=max_to_keep,
-                       async_save=async_save, hash_on_save=hash_on_save)
+    if actor.frozen_hash:
+        raise ValueError(f"start_stage({stage!r}): frozen_hash is checked for the critic only")
+    store = StageStore(run_dir, stage, save_every=store_options.save_every,
+                       max_to_keep=store_options.max_to_keep, async_save=store_options.async_save,
+                       hash_on_save=store_options.hash_on_save)
     try:
-        return _resume_or_hand_off(
-            store, run_dir, kind=kind, target=target, actor_from=actor_from,
-            critic_from=critic_from, actor_optimizer=actor_optimizer,
-            critic_optimizer=critic_optimizer, restore_actor_optimizer=restore_actor_optimizer,
-            restore_critic_optimizer=restore_critic_optimizer,
-            fresh_critic_params=fresh_critic_params, critic_frozen=critic_frozen, config=config,
-            seed=seed, data_iter=data_iter), store
+        if store.latest_step() is not None:
+            return _resume(store, target, actor, critic, data_iter), store
+        actor_part = hand_off(run_dir, stage, "actor", actor, target)
+        critic_part = hand_off(run_dir, stage, "critic", critic, target)
+        state = TrainState(
+            step=jax.numpy.zeros((), jax.numpy.int32),
+            actor_params=actor_part.params, actor_opt_state=actor_part.opt_state,
+            critic_params=critic_part.params, critic_opt_state=critic_part.opt_state,
+            rng=jax.random.key_data(jax.random.key(seed)))
+        store.create(kind=kind, config=config,
+                     parents={"actor": actor_part.parent, "critic": critic_part.parent},
+                     optimizers={"actor": actor_part.optimizer, "critic": critic_part.optimizer},
+                     critic_frozen=critic.frozen_hash,
+                     critic_hash_before=tree_hash(critic_part.params) if critic.frozen_hash else None)
+        store.save(state, data_iter, force=True)
+        return state, store
     except BaseException:
         store.close()
         raise
 
 
-def _resume_or_hand_off(store: StageStore, run_dir, *, kind, target, actor_from, critic_from,
-                        actor_optimizer, critic_optimizer, restore_actor_optimizer,
-                        restore_critic_optimizer, fresh_critic_params, critic_frozen, config,
-                        seed, data_iter) -> TrainState:
-    """The body of `start_stage` once its store is open."""
-    stage = store.stage
-    if store.latest_step() is not None:
-        if store.manifest is None:
-            raise CheckpointError(f"{store.checkpoint_dir} has checkpoints but {store.manifest_path} "
-                                  "is missing")
-        resume_target = dataclasses.replace(
-            target,
-            actor_params=None if actor_from is None else target.actor_params,
-            critic_params=None if critic_from is None else target.critic_params,
-            actor_opt_state=None if actor_optimizer is None else target.actor_opt_state,
-            critic_opt_state=None if critic_optimizer is None else target.critic_opt_state,
-        )
-        return store.restore(resume_target, data_iter=data_iter)
-
-    parents: dict[str, Any] = {"actor": None, "critic": None}
-    optimizers: dict[str, str | None] = {"actor": None, "critic": None}
-
-    actor_params = actor_opt_state = None
-    if actor_from is not None:
-        with StageStore(run_dir, actor_from.stage, read_only=True) as parent:
-            step = parent._resolve_step(actor_from.step)  # pylint: disable=protected-access
-            actor_params = parent.restore_item("actor_params", target.actor_params, step)
-            parents["actor"] = _parent_record(parent, step, "actor_params", actor_params)
-            if actor_optimizer is not None and restore_actor_optimizer:
-                actor_opt_state = parent.restore_item("actor_opt_state", target.actor_opt_state,
-                                                    step)
-                optimizers["actor"] = "restored"
-    if actor_optimizer is not None and actor_opt_state is None:
-        if actor_params is None:
-            raise ValueError(f"start_stage({stage!r}): an actor optimizer needs actor_from")
-        actor_opt_state = _init_optimizer(actor_optimizer, actor_params, target.actor_opt_state)
-        optimizers["actor"] = "reinitialised"
-
-    critic_params = critic_opt_state = None
-    if isinstance(critic_from, StageRef):
-        with StageStore(run_dir, critic_from.stage, read_only=True) as parent:
-            step = parent._resolve_step(critic_from.step)  # pylint: disable=protected-access
-            critic_params = parent.restore_item("critic_params", target.critic_params, step)
-            parents["critic"] = _parent_record(parent, step, "critic_params", critic_params)
-            if critic_optimizer is not None and restore_critic_optimizer:
-                critic_opt_state = parent.restore_item("critic_opt_state", target.critic_opt_state,
-                                                    step)
-                optimizers["critic"] = "restored"
-    elif critic_from == FRESH:
-        if fresh_critic_params is None:
-            raise ValueError(f"start_stage({stage!r}): critic_from=FRESH needs fresh_critic_params")
-        critic_params = fresh_critic_params
-        parents["critic"] = {"fresh": True, "hash": tree_hash(critic_params)}
-        if restore_critic_optimizer:
-            raise ValueError(f"start_stage({stage!r}): a fresh critic has no optimizer to restore")
-    elif critic_from is not None:
-        raise ValueError(f"start_stage({stage!r}): critic_from must be a StageRef, FRESH or None, "
-                         f"got {critic_from!r}")
-    if critic_optimizer is not None and critic_opt_state is None:
-        if critic_params is None:
-            raise ValueError(f"start_stage({stage!r}): a critic optimizer needs a critic")
-        critic_opt_state = _init_optimizer(critic_optimizer, critic_params, target.critic_opt_state)
-        optimizers["critic"] = "reinitialised"
-
-    state = TrainState(
-        step=jax.numpy.zeros((), jax.numpy.int32),
-        actor_params=actor_params, actor_opt_state=actor_opt_state,
-        critic_params=critic_params, critic_opt_state=critic_opt_state,
-        rng=jax.random.key_data(jax.random.key(seed)),
+def _resume(store: StageStore, target: TrainState, actor: Side, critic: Side, data_iter):
+    if store.manifest is None:
+        raise CheckpointError(f"{store.checkpoint_dir} has checkpoints but {store.manifest_path} "
+                              "is missing")
+    resume_target = dataclasses.replace(
+        target,
+        actor_params=None if actor.source is None else target.actor_params,
+        critic_params=None if critic.source is None else target.critic_params,
+        actor_opt_state=None if actor.optimizer is None else target.actor_opt_state,
+        critic_opt_state=None if critic.optimizer is None else target.critic_opt_state,
     )
-    store.create(kind=kind, config=config, parents=parents, optimizers=optimizers,
-                 critic_frozen=critic_frozen,
-                 critic_hash_before=tree_hash(critic_params) if critic_frozen else None)
-    store.save(state, data_iter, force=True)
-    return state
+    return store.restore(resume_target, data_iter=data_iter)
+
+
+class SidePart(NamedTuple):
+    """One side of a handed-off state and what the manifest records about it."""
+
+    params: PyTree
+    opt_state: PyTree
+    parent: dict | None      # {stage, step, hash} | {fresh, hash} | None
+    optimizer: str | None    # "restored" | "reinitialised" | None (frozen)
+
+
+def hand_off(run_dir, stage: str, name: str, side: Side, target: TrainState) -> SidePart:
+    """The `name` side (`actor` | `critic`) of a new stage, from `side` (see `Side`)."""
+    target_params = getattr(target, f"{name}_params")
+    target_opt = getattr(target, f"{name}_opt_state")
+    params = opt_state = parent = optimizer = None
+    if isinstance(side.source, StageRef):
+        with StageStore(run_dir, side.source.stage, read_only=True) as store:
+            step = store._resolve_step(side.source.step)  # pylint: disable=protected-access
+            params = store.restore_item(f"{name}_params", target_params, step)
+            parent = _parent_record(store, step, f"{name}_params", params)
+            if side.optimizer is not None and side.restore_optimizer:
+                opt_state = store.restore_item(f"{name}_opt_state", target_opt, step)
+                optimizer = "restored"
+    elif side.source == FRESH:
+        if side.fresh_params is None:
+            raise ValueError(f"start_stage({stage!r}): {name} source FRESH needs fresh_params")
+        if side.restore_optimizer:
+            raise ValueError(f"start_stage({stage!r}): a fresh {name} has no optimizer to restore")
+        params = side.fresh_params
+        parent = {"fresh": True, "hash": tree_hash(params)}
+    elif side.source is not None:
+        raise ValueError(f"start_stage({stage!r}): the {name}'s source must be a StageRef, FRESH "
+                         f"or None, got {side.source!r}")
+    if side.optimizer is not None and opt_state is None:
+        if params is None:
+            raise ValueError(f"start_stage({stage!r}): a {name} optimizer needs a {name} source")
+        opt_state = _init_optimizer(side.optimizer, params, target_opt)
+        optimizer = "reinitialised"
+    return SidePart(params, opt_state, parent, optimizer)
 
 
 def _init_optimizer(optimizer, params: PyTree, target: PyTree) -> PyTree:

@@ -1,0 +1,148 @@
+"""Compiled update steps: `build_steps(config, ...)` jits the updates of `tr.train.updates` with
+their config, optimizers and (optionally) a device mesh and state shardings; `run_epochs` runs PPO
+epochs and mini-batches over one prepared rollout batch.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from jax.sharding import Mesh
+
+from tr.rl import advantages as adv_lib
+from tr.train import updates
+from tr.train.model_fns import ActorFn, Batch, CriticFn
+from tr.train.optim import make_optimizer
+from tr.train.state import TrainState
+
+StepFn = Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]
+
+
+class UpdateSteps(NamedTuple):
+    """The compiled steps, each `(state, batch) -> (state, metrics)`, except `targets`
+    (`(state, batch) -> {old_logprobs, old_values, advantages, returns}`); None if not buildable."""
+
+    sft: StepFn | None
+    critic: StepFn | None
+    ppo: StepFn | None
+    grpo: StepFn | None
+    targets: Callable | None = None
+
+
+class _OneRolloutPerRow:
+    """The compiled GRPO step behind a host-side check that every row is one whole rollout."""
+
+    def __init__(self, step):
+        self._step = step
+        self.lower = getattr(step, "lower", None)
+        functools.update_wrapper(self, step)
+
+    def __call__(self, state, batch):
+        adv_lib.check_one_rollout_per_row(batch, where="grpo step")
+        return self._step(state, batch)
+
+
+def build_steps(config: ml_collections.ConfigDict, *, actor_logprobs: ActorFn | None = None,
+                critic_values: CriticFn | None = None, mesh: Mesh | None = None,
+                state_sharding: TrainState | None = None, donate: bool = False) -> UpdateSteps:
+    """`jax.jit`-compiled update steps from `config` (see `tr.train.updates.default_config`).
+
+    With a `mesh`, the state is laid out as `state_sharding` (a TrainState of shardings, e.g.
+    `tr.train.shardings.train_state_shardings`) on input and output, the batch keeps the sharding
+    it was placed with (`shard_batch`), and the model's activation constraints see the mesh.
+    `donate=True` lets XLA reuse the input state's buffers (the caller must not read the old
+    state afterwards).
+    """
+    n = int(config.num_micro_batches)
+    if n < 1:
+        raise ValueError(f"config.num_micro_batches must be >= 1, got {n}")
+    actor_opt = make_optimizer(config.actor.optimizer)
+    critic_opt = make_optimizer(config.critic.optimizer)
+    params = config.ppo.to_dict()
+
+    def on_mesh(jitted, fn):
+        if mesh is None:
+            return jitted
+
+        @functools.wraps(fn)
+        def call(*args):
+            with jax.set_mesh(mesh):
+                return jitted(*args)
+        call.lower = jitted.lower
+        return call
+
+    def compile_step(fn):
+        shardings = {}
+        if state_sharding is not None:
+            shardings = {"in_shardings": (state_sharding, None),
+                         "out_shardings": (state_sharding, None)}
+        return on_mesh(jax.jit(fn, donate_argnums=(0,) if donate else (), **shardings), fn)
+
+    sft = critic = ppo = grpo = None
+    if actor_logprobs is not None:
+        sft = compile_step(functools.partial(
+            updates.sft_update, actor_logprobs=actor_logprobs, actor_optimizer=actor_opt,
+            num_micro_batches=n))
+        grpo = _OneRolloutPerRow(compile_step(functools.partial(
+            updates.grpo_update, actor_logprobs=actor_logprobs, actor_optimizer=actor_opt,
+            group_size=int(config.grpo.group_size), eps_low=config.grpo.eps_low,
+            eps_high=config.grpo.eps_high, std_eps=config.grpo.std_eps,
+            policy_loss=config.grpo.get("policy_loss", "ppo"), num_micro_batches=n)))
+    if critic_values is not None:
+        critic = compile_step(functools.partial(
+            updates.critic_update, critic_values=critic_values, critic_optimizer=critic_opt,
+            params=params, num_micro_batches=n))
+    if actor_logprobs is not None and critic_values is not None:
+        ppo = compile_step(functools.partial(
+            updates.ppo_update, actor_logprobs=actor_logprobs, critic_values=critic_values,
+            actor_optimizer=actor_opt, critic_optimizer=critic_opt, params=params,
+            num_micro_batches=n))
+    targets_fn = functools.partial(updates.rollout_targets, actor_logprobs=actor_logprobs,
+                                   critic_values=critic_values, params=params,
+                                   num_micro_batches=n)
+    targets = on_mesh(jax.jit(targets_fn), targets_fn)
+    return UpdateSteps(sft=sft, critic=critic, ppo=ppo, grpo=grpo, targets=targets)
+
+
+def mini_batch_order(rows: int, *, epochs: int, mini_batches: int, seed: int) -> np.ndarray:
+    """`[epochs, mini_batches, rows / mini_batches]` row indices: each epoch a fresh permutation
+    (seeded by `(seed, epoch)`), cut into equal mini-batches."""
+    if epochs < 1 or mini_batches < 1:
+        raise ValueError(f"ppo.epochs={epochs} and ppo.mini_batches={mini_batches} must be >= 1")
+    if rows % mini_batches:
+        raise ValueError(f"a rollout batch of {rows} rows cannot be cut into {mini_batches} equal "
+                         "mini-batches (ppo.mini_batches must divide the batch's rows)")
+    order = [np.random.default_rng([seed, e]).permutation(rows) for e in range(epochs)]
+    return np.stack(order).reshape(epochs, mini_batches, rows // mini_batches)
+
+
+def run_epochs(update: StepFn, state: TrainState, prepared: Batch, *, epochs: int = 1,
+               mini_batches: int = 1, seed: int = 0) -> tuple[TrainState, list[dict]]:
+    """`epochs` passes over one prepared rollout batch, `mini_batches` optimizer updates each.
+
+    `prepared` already holds the targets (`UpdateSteps.targets`), so every update reuses the
+    `old_values`, `advantages`, `returns` and `old_logprobs` of the batch's rollout state. Returns
+    the state and each update's metrics (host floats).
+    """
+    rows = int(prepared["tokens"].shape[0])
+    missing = [k for k in updates.TARGET_FIELDS if k not in prepared]
+    if missing:
+        raise ValueError(f"run_epochs: the batch lacks its targets {missing}; compute them once "
+                         "with UpdateSteps.targets before the first update")
+    order = mini_batch_order(rows, epochs=epochs, mini_batches=mini_batches, seed=seed)
+    history = []
+    for epoch in range(epochs):
+        for rows_idx in order[epoch]:
+            if mini_batches == 1 and epochs == 1:
+                mb = prepared
+            else:
+                idx = jnp.asarray(np.sort(rows_idx))
+                mb = {k: jnp.take(v, idx, axis=0) for k, v in prepared.items()}
+            state, metrics = update(state, mb)
+            history.append({k: float(v) for k, v in jax.device_get(metrics).items()})
+    return state, history

@@ -1,0 +1,62 @@
+"""The pure functions of parameter pytrees the update steps are written over:
+
+    actor_logprobs(actor_params, batch) -> logp [B, L]    log π(tokens[i] | tokens[<i]), 0 at i = 0
+    critic_values(critic_params, batch) -> v [B, L]       pre-token values v_i = V(h_i)
+
+`nnx_model_fns` builds both from `tr.models` NNX modules (chunked log-probs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+from jaxtyping import Array, Float
+
+PyTree = Any
+Batch = dict[str, jax.Array]
+ActorFn = Callable[[PyTree, Batch], Float[Array, "b l"]]
+CriticFn = Callable[[PyTree, Batch], Float[Array, "b l"]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFns:
+    """Pure functions of parameter pytrees for the steps, and the models' initial parameters."""
+
+    actor_logprobs: ActorFn | None
+    critic_values: CriticFn | None
+    actor_params: PyTree
+    critic_params: PyTree
+
+
+def nnx_model_fns(actor=None, critic=None, *, chunk_size: int = 1024) -> ModelFns:
+    """`ModelFns` for a `tr.models` `Decoder` actor and `CriticModel` critic (NNX modules).
+
+    The parameters become pure dicts (`nnx.to_pure_dict`); the graph definitions and any non-
+    parameter state are closed over. Log-probs use `tr.models.decoder.token_logprobs` in chunks of
+    `chunk_size` positions.
+    """
+    from flax import nnx  # pylint: disable=g-import-not-at-top
+    from tr.models.decoder import token_logprobs  # pylint: disable=g-import-not-at-top
+
+    def split(model):
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        return graphdef, nnx.to_pure_dict(params), rest
+
+    actor_fn = critic_fn = actor_params = critic_params = None
+    if actor is not None:
+        actor_graph, actor_params, actor_rest = split(actor)
+
+        def actor_fn(params, batch):
+            model = nnx.merge(actor_graph, params, actor_rest)
+            logp, _ = token_logprobs(model, batch["tokens"], batch.get("positions"),
+                                     batch.get("segment_ids"), chunk_size=chunk_size)
+            return logp
+    if critic is not None:
+        critic_graph, critic_params, critic_rest = split(critic)
+
+        def critic_fn(params, batch):
+            model = nnx.merge(critic_graph, params, critic_rest)
+            return model(batch["tokens"], batch.get("positions"), batch.get("segment_ids"))
+    return ModelFns(actor_fn, critic_fn, actor_params, critic_params)
