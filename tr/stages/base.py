@@ -11,8 +11,11 @@
     report    the selected actor on `test` (Pass@1 by family and tier) -> WORKDIR/base.json,
               base-test.txt; the actor is stage `base` (kind sft, no critic) of the stage store
 
-Sampling for evaluation is the papers' (temperature 0.6, top-p 0.95).  Everything is seeded by
-`config.seed`: the demo mixture, initialisation, data order and evaluation keys.
+Sampling for evaluation is the papers' (temperature 0.6, top-p 0.95).  Seeded by `config.seed`:
+the demo mixture, the instances, initialisation and data order, so the demos and every update are
+reproducible.  Evaluation keys are seeded per sampler call; which episodes share a call depends on
+thread timing (the rollout engine batches whatever requests are waiting), so Pass@1 of a rerun can
+differ by a few episodes (`config.concurrency = 1` makes it exact, and slow).
 """
 
 from __future__ import annotations
