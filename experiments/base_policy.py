@@ -21,8 +21,12 @@ VARIANTS = ("default", "quick")
 QUICK = {"demos.tasks": 24, "sft.steps": 6, "sft.eval_start": 3, "sft.eval_every": 3, "sft.batch": 4,
          "eval.val_count": 8, "eval.test_count": 8, "eval.max_turns": 2,
          "eval.max_output_tokens": 32}
-# The pod form's local smoke run (tests/test_launchers.py): the quick sizes as overrides.
-SMOKE_FLAGS = tuple(f"--config.{k}={v}" for k, v in QUICK.items())
+# The pod form's local smoke run (tests/test_launchers.py): smaller still than `quick` (one eval of
+# two tasks, one turn), since that run has a 600 s limit on a loaded machine.
+SMOKE = {**QUICK, "demos.tasks": 8, "sft.steps": 2, "sft.eval_start": 2, "sft.eval_every": 2,
+         "sft.batch": 2, "eval.val_count": 2, "eval.test_count": 2, "eval.max_turns": 1,
+         "eval.max_output_tokens": 16}
+SMOKE_FLAGS = tuple(f"--config.{k}={v}" for k, v in SMOKE.items())
 
 
 def get_config(variant: str = "default"):
