@@ -18,11 +18,15 @@ from tr.train import pod
 
 VARIANTS = ("default", "quick")
 
-QUICK = {"demos.tasks": 24, "sft.steps": 6, "sft.eval_every": 3, "sft.batch": 4,
+QUICK = {"demos.tasks": 24, "sft.steps": 6, "sft.eval_start": 3, "sft.eval_every": 3, "sft.batch": 4,
          "eval.val_count": 8, "eval.test_count": 8, "eval.max_turns": 2,
          "eval.max_output_tokens": 32}
-# The pod form's local smoke run (tests/test_launchers.py): the quick sizes as overrides.
-SMOKE_FLAGS = tuple(f"--config.{k}={v}" for k, v in QUICK.items())
+# The pod form's local smoke run (tests/test_launchers.py): smaller still than `quick` (one eval of
+# two tasks, one turn), since that run has a 600 s limit on a loaded machine.
+SMOKE = {**QUICK, "demos.tasks": 8, "sft.steps": 2, "sft.eval_start": 2, "sft.eval_every": 2,
+         "sft.batch": 2, "eval.val_count": 2, "eval.test_count": 2, "eval.max_turns": 1,
+         "eval.max_output_tokens": 16}
+SMOKE_FLAGS = tuple(f"--config.{k}={v}" for k, v in SMOKE.items())
 
 
 def get_config(variant: str = "default"):
@@ -42,12 +46,13 @@ def get_config(variant: str = "default"):
     config.demos.p_mistake = 0.3                          # mistake first, then repair
     config.demos.p_truncate = 0.2                         # reference cut short, then DONE
     config.sft = ml_collections.ConfigDict()
-    config.sft.steps = 120
+    config.sft.steps = 240
     config.sft.batch = 8                                  # packed rows per update (~3 demos a row)
     config.sft.length = 512                               # row length (tokens); longer demos dropped
     config.sft.learning_rate = 3e-3
     config.sft.warmup = 20
-    config.sft.eval_every = 30
+    config.sft.eval_start = 80                            # val evaluations at 80, 120, ..., 240
+    config.sft.eval_every = 40
     config.eval = ml_collections.ConfigDict()
     config.eval.val_count = 32
     config.eval.test_count = 64

@@ -4,14 +4,18 @@
               runs that open with a plausible mistake then repair it, and truncated runs (the
               reference cut short, then DONE); each demo's actions are SFT targets
     sft       a fixed number of updates (`tr.train.steps` SFT step) of the embedded model
-              (`tr.stages.embedded`) from scratch, evaluated on `val` every `eval_every` updates
+              (`tr.stages.embedded`) from scratch, evaluated on `val` at update `eval_start` and every
+              `eval_every` updates after it (and at the last)
     select    the checkpoint whose val Pass@1 is closest to `target` among those inside `band`
               with successes in at least half the families (closest overall if none qualifies)
     report    the selected actor on `test` (Pass@1 by family and tier) -> WORKDIR/base.json,
               base-test.txt; the actor is stage `base` (kind sft, no critic) of the stage store
 
-Sampling for evaluation is the papers' (temperature 0.6, top-p 0.95).  Everything is seeded by
-`config.seed`: the demo mixture, initialisation, data order and evaluation keys.
+Sampling for evaluation is the papers' (temperature 0.6, top-p 0.95).  Seeded by `config.seed`:
+the demo mixture, the instances, initialisation and data order, so the demos and every update are
+reproducible.  Evaluation keys are seeded per sampler call; which episodes share a call depends on
+thread timing (the rollout engine batches whatever requests are waiting), so Pass@1 of a rerun can
+differ by a few episodes (`config.concurrency = 1` makes it exact, and slow).
 """
 
 from __future__ import annotations
@@ -210,7 +214,7 @@ def _check(config) -> None:
     for field in ("tasks",):
         if config.demos[field] < 1:
             raise ConfigError(f"config.demos.{field} must be >= 1, got {config.demos[field]}")
-    for field in ("steps", "batch", "length", "eval_every"):
+    for field in ("steps", "batch", "length", "eval_every", "eval_start"):
         if config.sft[field] < 1:
             raise ConfigError(f"config.sft.{field} must be >= 1, got {config.sft[field]}")
     lo, hi = config.select.band
@@ -267,7 +271,8 @@ def run(config, workdir: pathlib.Path):
     for step in range(1, config.sft.steps + 1):
         t0 = time.monotonic()
         state, metrics = sft(state, next(data))
-        if step % config.sft.eval_every == 0 or step == config.sft.steps:
+        due = step >= config.sft.eval_start and (step - config.sft.eval_start) % config.sft.eval_every == 0
+        if due or step == config.sft.steps:
             loss = float(metrics["actor/loss"])
             t_train += time.monotonic() - t0
             t0 = time.monotonic()
