@@ -8,7 +8,15 @@ JOBS: dict[str, str] = {
         "gae_demo": "tr.stages.gae_demo:run",
         "evaluate": "tr.stages.evaluate:run",
         "base": "tr.stages.base:run",
+        "reterm": "tr.stages.reterm:run",
         "aot": "tr.train.aot:run",
+}
+
+
+# stage kind -> "module:function" (LAYOUT "Stages and the loop"); the loop's pipeline resolves these.
+STAGE_KINDS: dict[str, str] = {
+        "reterm_sft": "tr.stages.reterm:run_sft",
+        "reterm_grpo": "tr.stages.reterm:run_grpo",
 }
 
 
