@@ -30,7 +30,7 @@ from tr.train import pod
 VARIANTS = ("default", "quick", "queue", "paper")
 
 QUICK = {"base.demos.tasks": 16, "base.steps": 4, "base.batch": 4, "data.train_tasks": 4,
-         "data.attempts": 1, "sft.steps": 2, "sft.batch": 2, "grpo.updates": 1,
+         "data.attempts": 1, "sft.steps": 2, "sft.batch": 2, "grpo.updates": 2,
          "grpo.group_size": 2, "grpo.m_original": 1, "grpo.m_recovery": 1,
          "eval.test_count": 3, "eval.k": 1, "eval.heldout_states": 2, "eval.max_turns": 2,
          "eval.max_output_tokens": 32, "concurrency": 4}
@@ -57,7 +57,11 @@ def get_config(variant: str = "default"):
     c.data = ml_collections.ConfigDict()
     c.data.train_tasks = 48                           # Base attempts each `attempts` times
     c.data.attempts = 2
-    c.teacher = ml_collections.ConfigDict({"kind": "embedded", "base_url": "", "model": ""})
+    # the teacher: "embedded" (inspect + gym repair) or "http" (base_url, model: any
+    # OpenAI-compatible endpoint); its own budgets (a text policy, not bound to the sampler)
+    c.teacher = ml_collections.ConfigDict({"kind": "embedded", "base_url": "", "model": "",
+                                           "max_turns": 8, "max_output_tokens": 512,
+                                           "max_context_tokens": 8192})
     c.sft = ml_collections.ConfigDict()
     c.sft.steps = 30
     c.sft.batch = 8

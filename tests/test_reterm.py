@@ -49,7 +49,11 @@ def test_quick_runs_end_to_end(tmp_path):
     assert (run / "report.md").read_text().startswith("# ReTerm (quick")
     assert (run / "reward_curves.png").stat().st_size > 1000
     for stage in ("grpo", "reterm_grpo"):
-        assert (run / stage / "metrics.jsonl").read_text().count("\n") == 1
+        assert (run / stage / "metrics.jsonl").read_text().count("\n") == 2
+    # the teacher recovers from real failure states; the second ReTerm update has recovery groups
+    assert d["kept"] >= 1 and report["stages"]["reterm_sft"]["rows"] >= 1
+    curve = report["curves"]["reterm_grpo"]
+    assert curve[1]["recovery_groups"] == min(1, q["inserted"]) and q["sampled"] == curve[1]["recovery_groups"]
     # nothing leaked: every persisted snapshot of the run was discarded
     assert state.is_dir() and not list(state.glob("snapshots/*"))
 

@@ -49,7 +49,7 @@ you are not told why it failed. Follow this recovery workflow:
 CONDENSED_PROMPT = RECOVERY_PROMPT
 FILTERS = ("verifier", "format", "compliance", "efficiency")
 ERROR_CATEGORIES = ("planning", "tool_use", "implementation", "verification", "resource_management")
-INSPECT_COMMAND = "ls -la /app && find /app -maxdepth 2 -type f | head -n 40"
+INSPECT_COMMAND = "find /app -maxdepth 2 | sort | head -n 30"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -300,6 +300,10 @@ def _check(config) -> None:
                           "or 'http'")
 
 
+def _say(text: str) -> None:
+    print(f"[reterm] {text}", flush=True)
+
+
 def run(config, workdir):
     import ml_collections
     from flax import nnx
@@ -336,6 +340,8 @@ def run(config, workdir):
                           lr=config.base.learning_rate, seed=config.seed, pad_id=tokenizer.pad_id)
     arms_params = {"base": params}
     timings["base_s"] = time.monotonic() - t0
+    _say(f"base: {len(demos)} demo sequences, {config.base.steps} SFT steps, "
+         f"{timings['base_s']:.0f}s")
 
     # ReTerm data: the Base's own failures on train, the teacher's recoveries, four filters.
     t0 = time.monotonic()
@@ -352,13 +358,20 @@ def run(config, workdir):
     else:
         teacher = recovery.make_teacher("http", base_url=config.teacher.base_url,
                                         model=config.teacher.model)
-    recs = recovery.teacher_recoveries(teacher, failures, by_id, layout, rc_cfg, seed=config.seed)
+    from tr.agent.harness import Budgets
+    teacher_cfg = dataclasses.replace(rc_cfg, budgets=Budgets(
+        max_turns=config.teacher.max_turns, max_output_tokens=config.teacher.max_output_tokens,
+        max_context_tokens=config.teacher.max_context_tokens))
+    recs = recovery.teacher_recoveries(teacher, failures, by_id, layout, teacher_cfg,
+                                       seed=config.seed)
     recovery.discard_failures(failures)
     rows, dataset = recovery.build_dataset(failures, recs, by_id, layout)
     shards = recovery.write_shards(rows, workdir / "reterm-data")
     dataset["shards"] = len(shards)
     dataset["collection"] = fail_stats
     timings["data_s"] = time.monotonic() - t0
+    _say(f"data: {json.dumps({k: dataset[k] for k in ('failures', 'kept', 'rejected_by')})}, "
+         f"{timings['data_s']:.0f}s")
 
     # Held-out failure states: collected once from the Base on test, fixed for every arm.
     heldout, held_stats = recovery.collect_failures(
@@ -376,6 +389,7 @@ def run(config, workdir):
         else:
             arms_params["sft"], sft_summary = params, {"kind": "reterm_sft", "rows": 0}
         timings["sft_s"] = time.monotonic() - t0
+        _say(f"reterm_sft: {sft_summary}")
 
         g_cfg = ml_collections.ConfigDict({**config.grpo.to_dict(), "seed": config.seed,
                                            "length": config.sft.length})
@@ -384,6 +398,7 @@ def run(config, workdir):
             g_cfg, workdir, params=arms_params["sft"], fns=fns, actor=actor, tasks=train_tasks,
             config=config)
         timings["grpo_s"] = time.monotonic() - t0
+        _say(f"grpo: {grpo_curve}")
         t0 = time.monotonic()
         queue = recovery.RecoveryQueue(config.queue.capacity, sampling=config.queue.sampling,
                                        seed=config.seed)
@@ -394,6 +409,7 @@ def run(config, workdir):
         finally:
             queue.close()
         timings["reterm_grpo_s"] = time.monotonic() - t0
+        _say(f"reterm_grpo: {reterm_curve}")
 
         t0 = time.monotonic()
         arms = {a: evaluate_arm(actor, arms_params[a], a, config, test_tasks, heldout, by_id,
