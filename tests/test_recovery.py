@@ -223,3 +223,19 @@ def test_recovery_at_k_on_fixed_failure_states(world):
     for f in failures:                                   # the fixed states are still there
         assert Path(f.snapshot_ref["location"]).is_dir()
     json.dumps(good)
+
+
+def test_http_teacher_through_an_openai_compatible_endpoint(world):
+    """The OpenAI-compatible teacher path: the embedded teacher served over real HTTP
+    (tr.agent.server) and driven through HttpPolicy; its turns are teacher tokens."""
+    from tr.agent.server import ChatServer
+
+    tasks, by_id, layout, config, failures, _ = world
+    with ChatServer(rc.EmbeddedTeacher(tasks), layout) as server:
+        teacher = rc.make_teacher("http", base_url=server.url, model="embedded-teacher")
+        recs = rc.teacher_recoveries(teacher, failures[:2], by_id, layout, config)
+    assert all(r.passed for r in recs), [(r.task_id, r.error) for r in recs]
+    rows, counts = rc.build_dataset(failures, recs, by_id, layout)
+    assert counts["kept"] == 2 and all(sum(row["loss_mask"]) > 0 for row in rows)
+    with pytest.raises(ValueError, match="teacher kind 'gpt'"):
+        rc.make_teacher("gpt")
