@@ -239,3 +239,33 @@ def test_http_teacher_through_an_openai_compatible_endpoint(world):
     assert counts["kept"] == 2 and all(sum(row["loss_mask"]) > 0 for row in rows)
     with pytest.raises(ValueError, match="teacher kind 'gpt'"):
         rc.make_teacher("gpt")
+
+
+def test_condensed_prompt_when_the_failure_ends_on_an_observation(world):
+    """A failure cut by the turn cap ends on an observation (not an action): the teacher still
+    recovers and its row carries the condensed r."""
+    import dataclasses
+
+    from tr.agent.harness import Budgets
+
+    tasks, by_id, layout, config, _, _ = world
+
+    class Looker:
+        name = "looker"
+
+        def generate(self, requests):
+            return [Generation(text=format_action("look", "ls")) for _ in requests]
+
+    capped = dataclasses.replace(config, budgets=Budgets(max_turns=1))
+    fails, _ = rc.collect_failures(Looker(), tasks[:1], 1, layout, capped, prefix="cap")
+    try:
+        assert fails[0].status is EpisodeStatus.TURN_CAP
+        assert fails[0].segments[-1].kind == "observation"
+        recs = rc.teacher_recoveries(rc.EmbeddedTeacher(tasks), fails, by_id, layout, config)
+        rows, counts = rc.build_dataset(fails, recs, by_id, layout)
+        assert counts["kept"] == 1
+        text = layout.tokenizer.decode(rows[0]["tokens"])
+        assert RECOVERY_PROMPT in text and rc.TEACHER_RECOVERY_PROMPT not in text
+        assert rc.error_category(fails[0]) == "resource_management"
+    finally:
+        rc.discard_failures(fails)

@@ -265,22 +265,25 @@ def filter_recovery(rec: EpisodeRecord, instruction: str,
 
 def condense(rec: EpisodeRecord, layout: ChatLayout, r: str = CONDENSED_PROMPT) -> EpisodeRecord:
     """A copy of a recovery record whose generation-time prompt is replaced by ``r``: the message
-    and its token segment (the first env segment after the inherited history)."""
+    and its token segment (the env segment that opens with the prompt; the parent's history may
+    end on an action or on an observation, e.g. at a turn cap)."""
     if rec.recovery_prompt is None:
         raise ValueError(f"episode {rec.episode_id}: not a recovery episode")
     out = EpisodeRecord.from_json(json.loads(json.dumps(rec.to_json())))
-    last = max((i for i, s in enumerate(out.segments) if s.source == "inherited"), default=None)
-    idx = None if last is None else last + 1
-    if idx is None or idx >= len(out.segments) or out.segments[idx].source != "env":
-        raise ValueError(f"episode {rec.episode_id}: no recovery prompt segment after h_f")
-    seg = out.segments[idx]
-    for close in (True, False):
-        old = layout.user_ids(rec.recovery_prompt, close_action=close)
-        if seg.tokens[:len(old)] == old:
-            seg.tokens = layout.user_ids(r, close_action=close) + seg.tokens[len(old):]
+    found = False
+    for seg in out.segments:     # the env segment that opens with the generation-time prompt
+        if seg.source != "env" or seg.kind != "observation":
+            continue
+        for close in (True, False):
+            old = layout.user_ids(rec.recovery_prompt, close_action=close)
+            if seg.tokens[:len(old)] == old:
+                seg.tokens = layout.user_ids(r, close_action=close) + seg.tokens[len(old):]
+                found = True
+                break
+        if found:
             break
-    else:
-        raise ValueError(f"episode {rec.episode_id}: the prompt segment is not the recovery prompt")
+    if not found:
+        raise ValueError(f"episode {rec.episode_id}: no segment holds its recovery prompt")
     for m in out.messages:
         if m["role"] == "user" and m["content"] == rec.recovery_prompt:
             m["content"] = r
