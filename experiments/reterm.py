@@ -12,8 +12,8 @@ Variants:
   default  the gym at CPU scale; GRPO and ReTerm-GRPO compute-matched ((M_O + M_R) x G rollouts
            per update for both)
   quick    test size (the test suite runs it end to end)
-  queue    beyond the paper: capacity K (`--config.queue.capacity=4|16|64`) and sampling
-           (`--config.queue.sampling=front|uniform`); default K=4, front-first
+  queue    beyond the paper: the default run plus ReTerm-GRPO from the same SFT actor for every
+           capacity K in {4, 16, 64} x sampling front-first / uniform (report.json "queue_sweep")
   paper    the seed's settings (9B-class config, SFT batch 16 lr 5e-6, GRPO batch 160 = (8+2)x16,
            lr 5e-7, 8,192 generated tokens, 65k context, 32 turns, evaluation at temperature 1.0
            seed 0): loads and validates only
@@ -80,7 +80,7 @@ def get_config(variant: str = "default"):
     c.grpo.eps_high = 5.00
     c.grpo.std_eps = 1e-6                             # δ of the group normalisation
     c.grpo.group_weighting = "equal"                  # or "literal"
-    c.queue = ml_collections.ConfigDict({"capacity": 16, "sampling": "front"})
+    c.queue = ml_collections.ConfigDict({"capacity": 16, "sampling": "front", "sweep": ()})
     c.eval = ml_collections.ConfigDict()
     c.eval.test_count = 32
     c.eval.heldout_states = 24
@@ -99,7 +99,8 @@ def get_config(variant: str = "default"):
             node[field] = value
         c.grpo.batch = (c.grpo.m_original + c.grpo.m_recovery) * c.grpo.group_size
     elif variant == "queue":
-        c.queue.capacity = 4
+        # beyond the paper: every (K, sampling) pair, each a ReTerm-GRPO run from the same SFT
+        c.queue.sweep = tuple((k, s) for k in (4, 16, 64) for s in ("front", "uniform"))
     elif variant == "paper":
         c.model = "qwen3-8b"                          # the 9B-class config
         c.sft.batch, c.sft.learning_rate = 16, 5e-6

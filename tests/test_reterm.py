@@ -79,6 +79,11 @@ def test_bad_config_values_are_named(tmp_path):
         cfg[section][field] = value
         with pytest.raises(ConfigError, match=match):
             reterm.run(cfg, tmp_path)
+    cfg = reterm_config.get_config("queue")
+    assert len(cfg.queue.sweep) == 6
+    cfg.queue.sweep = ((4, "front"), (0, "front"))
+    with pytest.raises(ConfigError, match=r"config.queue.sweep\[1\] = \(0, 'front'\)"):
+        reterm.run(cfg, tmp_path)
     with pytest.raises(ValueError, match="unknown variant 'nope'"):
         reterm_config.get_config("nope")
 

@@ -161,7 +161,8 @@ def group_rows(groups, *, length: int):
     return batch, kept, dropped
 
 
-def run_grpo(stage_config, run_dir, *, params, fns, actor, tasks, config, queue=None) -> tuple:
+def run_grpo(stage_config, run_dir, *, params, fns, actor, tasks, config, queue=None,
+             stage_name: str | None = None) -> tuple:
     """Stage kind `reterm_grpo` (``queue`` given: M_O original + M_R recovery groups) or plain
     `grpo` (no queue: M_O + M_R original groups, compute-matched).  Returns (params, summary)."""
     import jax
@@ -246,7 +247,7 @@ def run_grpo(stage_config, run_dir, *, params, fns, actor, tasks, config, queue=
                "wall_s": time.monotonic() - t0}
     if queue is not None:
         summary["queue"] = queue.stats()
-    _write_stage(run_dir, name, summary, curve)
+    _write_stage(run_dir, stage_name or name, summary, curve)
     return state.actor_params, summary, curve
 
 
@@ -295,6 +296,10 @@ def _check(config) -> None:
     if config.queue.sampling not in ("front", "uniform"):
         raise ConfigError(f"config.queue.sampling = {config.queue.sampling!r}: expected 'front' "
                           "or 'uniform'")
+    for i, entry in enumerate(config.queue.get("sweep", ())):
+        if (len(entry) != 2 or int(entry[0]) < 1 or entry[1] not in ("front", "uniform")):
+            raise ConfigError(f"config.queue.sweep[{i}] = {tuple(entry)!r}: expected (capacity >= 1, "
+                              "'front' | 'uniform')")
     if config.teacher.kind not in ("embedded", "http"):
         raise ConfigError(f"config.teacher.kind = {config.teacher.kind!r}: expected 'embedded' "
                           "or 'http'")
@@ -415,6 +420,25 @@ def run(config, workdir):
         arms = {a: evaluate_arm(actor, arms_params[a], a, config, test_tasks, heldout, by_id,
                                 workdir) for a in ARMS}
         timings["eval_s"] = time.monotonic() - t0
+
+        sweep = []
+        for capacity, sampling in (config.queue.sweep if config.variant == "queue" else ()):
+            # beyond the paper: ReTerm-GRPO from the same SFT actor per (K, sampling)
+            t0 = time.monotonic()
+            q = recovery.RecoveryQueue(capacity, sampling=sampling, seed=config.seed)
+            try:
+                p, summ, curve = run_grpo(g_cfg, workdir, params=arms_params["sft"], fns=fns,
+                                          actor=actor, tasks=train_tasks, config=config, queue=q,
+                                          stage_name=f"reterm_grpo-K{capacity}-{sampling}")
+            finally:
+                q.close()
+            ev = evaluate_arm(actor, p, f"reterm_grpo-K{capacity}-{sampling}", config,
+                              test_tasks, heldout, by_id, workdir)
+            sweep.append({"capacity": capacity, "sampling": sampling,
+                          "pass_at_1": ev["pass_at_1"], "recovery_at_k": ev["recovery_at_k"],
+                          "mean_turns": ev["mean_turns"], "queue": summ["queue"],
+                          "wall_s": time.monotonic() - t0})
+            _say(f"queue sweep: {sweep[-1]}")
     finally:
         recovery.discard_failures(heldout)
 
@@ -427,6 +451,7 @@ def run(config, workdir):
                         "evicted": reterm_summary["queue"]["evicted"],
                         "sampled": reterm_summary["queue"]["sampled"]},
               "heldout": {"states": len(heldout), **held_stats},
+              "queue_sweep": sweep,
               "curves": {"grpo": grpo_curve, "reterm_grpo": reterm_curve},
               "stages": {"reterm_sft": sft_summary, "grpo": grpo_summary,
                          "reterm_grpo": reterm_summary},
@@ -464,6 +489,13 @@ def report_md(report: dict) -> str:
         bc = v["recovery"]["by_category"]
         lines.append(f"| {a} | " + " | ".join(
             f"{bc[c]['recovered']}/{bc[c]['states']}" if c in bc else "-" for c in cats) + " |")
+    if report.get("queue_sweep"):
+        lines += ["", "Queue sweep (ReTerm-GRPO from the same SFT actor):", "",
+                  "| K | sampling | Pass@1 | Recovery@k | inserted | evicted |", "|---|---|---|---|---|---|"]
+        for e in report["queue_sweep"]:
+            lines.append(f"| {e['capacity']} | {e['sampling']} | {e['pass_at_1']:.3f} | "
+                         f"{e['recovery_at_k']:.3f} | {e['queue']['inserted']} | "
+                         f"{e['queue']['evicted']} |")
     return "\n".join(lines) + "\n"
 
 
