@@ -33,7 +33,7 @@ def test_quick_runs_end_to_end(tmp_path):
     assert report["seed"] == 0 and report["wall_s"] > 0
     assert set(report["arms"]) == {"base", "sft", "grpo", "reterm_grpo"}
     for arm in report["arms"].values():
-        assert 0.0 <= arm["pass_at_1"] <= 1.0 and arm["episodes"] == 3
+        assert 0.0 <= arm["pass_at_1"] <= 1.0 and 1 <= arm["episodes"] <= 3
         assert 0.0 <= arm["recovery_at_k"] <= 1.0 and arm["k"] == 1
         assert arm["mean_turns"] >= 1
     d = report["dataset"]

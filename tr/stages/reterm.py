@@ -161,8 +161,25 @@ def group_rows(groups, *, length: int):
     return batch, kept, dropped
 
 
+def build_grpo(stage_config, fns):
+    """The compiled GRPO step and its optimizer for `stage_config` (built once, shared by the
+    plain and ReTerm arms: same shapes, one compilation)."""
+    from tr.train import steps as steps_lib
+
+    train_cfg = steps_lib.default_config()
+    opt = train_cfg.actor.optimizer
+    opt.learning_rate = stage_config.learning_rate
+    train_cfg.grpo.group_size = stage_config.group_size
+    train_cfg.grpo.eps_low = stage_config.eps_low        # not given by the paper: a config value
+    train_cfg.grpo.eps_high = stage_config.eps_high
+    train_cfg.grpo.std_eps = stage_config.std_eps
+    train_cfg.grpo.group_weighting = stage_config.group_weighting
+    step = steps_lib.build_steps(train_cfg, actor_logprobs=fns.actor_logprobs).grpo
+    return step, steps_lib.make_optimizer(opt)
+
+
 def run_grpo(stage_config, run_dir, *, params, fns, actor, tasks, config, queue=None,
-             stage_name: str | None = None) -> tuple:
+             stage_name: str | None = None, built=None) -> tuple:
     """Stage kind `reterm_grpo` (``queue`` given: M_O original + M_R recovery groups) or plain
     `grpo` (no queue: M_O + M_R original groups, compute-matched).  Returns (params, summary)."""
     import jax
@@ -170,21 +187,12 @@ def run_grpo(stage_config, run_dir, *, params, fns, actor, tasks, config, queue=
     from tr.agent.recovery import CONDENSED_PROMPT, failure_of_group
     from tr.agent.rollout import discard_snapshot_ref, group_specs, recovery_specs, run_rollouts
     from tr.agent.transcript import ChatLayout
-    from tr.train import steps as steps_lib
     from tr.train.state import create_train_state
 
     t0 = time.monotonic()
     g = stage_config.group_size
-    train_cfg = steps_lib.default_config()
-    opt = train_cfg.actor.optimizer
-    opt.learning_rate = stage_config.learning_rate
-    train_cfg.grpo.group_size = g
-    train_cfg.grpo.eps_low = stage_config.eps_low        # not given by the paper: a config value
-    train_cfg.grpo.eps_high = stage_config.eps_high
-    train_cfg.grpo.std_eps = stage_config.std_eps
-    train_cfg.grpo.group_weighting = stage_config.group_weighting
-    grpo = steps_lib.build_steps(train_cfg, actor_logprobs=fns.actor_logprobs).grpo
-    state = create_train_state(actor_params=params, actor_optimizer=steps_lib.make_optimizer(opt),
+    grpo, optimizer = built if built is not None else build_grpo(stage_config, fns)
+    state = create_train_state(actor_params=params, actor_optimizer=optimizer,
                                seed=stage_config.seed)
     layout = ChatLayout(actor.tokenizer)
     rng = random.Random(stage_config.seed)
@@ -399,9 +407,10 @@ def run(config, workdir):
         g_cfg = ml_collections.ConfigDict({**config.grpo.to_dict(), "seed": config.seed,
                                            "length": config.sft.length})
         t0 = time.monotonic()
+        built = build_grpo(g_cfg, fns)
         arms_params["grpo"], grpo_summary, grpo_curve = run_grpo(
             g_cfg, workdir, params=arms_params["sft"], fns=fns, actor=actor, tasks=train_tasks,
-            config=config)
+            config=config, built=built)
         timings["grpo_s"] = time.monotonic() - t0
         _say(f"grpo: {grpo_curve}")
         t0 = time.monotonic()
@@ -410,7 +419,7 @@ def run(config, workdir):
         try:
             arms_params["reterm_grpo"], reterm_summary, reterm_curve = run_grpo(
                 g_cfg, workdir, params=arms_params["sft"], fns=fns, actor=actor,
-                tasks=train_tasks, config=config, queue=queue)
+                tasks=train_tasks, config=config, queue=queue, built=built)
         finally:
             queue.close()
         timings["reterm_grpo_s"] = time.monotonic() - t0
@@ -429,7 +438,8 @@ def run(config, workdir):
             try:
                 p, summ, curve = run_grpo(g_cfg, workdir, params=arms_params["sft"], fns=fns,
                                           actor=actor, tasks=train_tasks, config=config, queue=q,
-                                          stage_name=f"reterm_grpo-K{capacity}-{sampling}")
+                                          stage_name=f"reterm_grpo-K{capacity}-{sampling}",
+                                          built=built)
             finally:
                 q.close()
             ev = evaluate_arm(actor, p, f"reterm_grpo-K{capacity}-{sampling}", config,
