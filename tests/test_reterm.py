@@ -12,7 +12,7 @@ import ml_collections
 import pytest
 
 from tr.stages import reterm
-from tr.stages.registry import STAGE_KINDS, ConfigError, resolve
+from tr.stages.registry import ConfigError, resolve
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -90,5 +90,6 @@ def test_bad_config_values_are_named(tmp_path):
 
 def test_job_and_stage_kinds_are_registered():
     assert resolve("reterm") is reterm.run
-    assert set(STAGE_KINDS) >= {"reterm_sft", "reterm_grpo"}
+    assert set(reterm.STAGES) == {"reterm_sft", "reterm_grpo"}
+    assert reterm.run_sft and reterm.run_grpo
     assert isinstance(reterm_config.get_config("queue").queue, ml_collections.ConfigDict)

@@ -208,3 +208,25 @@ def test_a_new_estimator_is_one_function_and_one_registration(setup):
     mask = np.asarray(batch["actor_mask"])
     np.testing.assert_allclose(np.asarray(t["returns"])[mask],
                                np.broadcast_to(row_reward, mask.shape)[mask], atol=1e-6)
+
+
+def test_sampler_takes_the_train_states_pure_params():
+    """`JaxSampler.update_weights(state.actor_params)` samples exactly like a Decoder holding them."""
+    from tr.models.tokenizer import ByteTokenizer
+    from tr.sampling.sampler import JaxSampler, SamplingParams
+
+    cfg = get_model_config("tiny", n_layers=1, d_model=32, n_heads=2, n_kv_heads=1, head_dim=16,
+                           d_ff=64)
+    old, new = Decoder(cfg, rngs=nnx.Rngs(0)), Decoder(cfg, rngs=nnx.Rngs(7))
+    tokenizer = ByteTokenizer(vocab_size=cfg.vocab_size)
+    params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=8, seed=3)
+    prompts = [tokenizer.encode("ls -la"), tokenizer.encode("cat /app/x")]
+    want = JaxSampler(new, tokenizer).generate(prompts, params)
+    sampler = JaxSampler(old, tokenizer)
+    before = sampler.generate(prompts, params)
+    sampler.update_weights(nnx_model_fns(new).actor_params)
+    got = sampler.generate(prompts, params)
+    assert [list(c.token_ids) for c in got] == [list(c.token_ids) for c in want]
+    np.testing.assert_allclose([c.logprobs for c in got], [c.logprobs for c in want], atol=1e-5)
+    assert not np.allclose([c.logprobs for c in before], [c.logprobs for c in want], atol=1e-3)
+    assert sampler.compile_counts["prefill"] == 1      # same shapes: no recompilation

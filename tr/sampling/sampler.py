@@ -126,9 +126,18 @@ class JaxSampler:
         self._prefill = jax.jit(self._prefill_impl, static_argnames=("cache_len",))
         self._decode = jax.jit(self._decode_impl, donate_argnames=("cache",))
 
-    def update_weights(self, model: Decoder) -> None:
-        """Use new parameters (same shapes: no recompilation)."""
-        self.graphdef, self.state = nnx.split(model)
+    def update_weights(self, params) -> None:
+        """Use new parameters (same shapes and dtypes: no recompilation).
+
+        `params`: a `Decoder`, or the pure parameter dict of one (`TrainState.actor_params`,
+        `nnx.to_pure_dict(nnx.state(model, nnx.Param))`).
+        """
+        if isinstance(params, nnx.Module):
+            self.graphdef, self.state = nnx.split(params)
+            return
+        state = jax.tree.map(lambda x: x, self.state)   # a new State: the old one stays valid
+        nnx.replace_by_pure_dict(state, params)
+        self.state = state
 
     # -- compiled pieces ---------------------------------------------------------------------
     def _prefill_impl(self, state, tokens, positions, mask, *, cache_len: int):

@@ -10,13 +10,14 @@ JOBS: dict[str, str] = {
         "base": "tr.stages.base:run",
         "reterm": "tr.stages.reterm:run",
         "aot": "tr.train.aot:run",
+        "pipeline": "tr.stages.pipeline:run",
 }
 
-
-# stage kind -> "module:function" (LAYOUT "Stages and the loop"); the loop's pipeline resolves these.
+# stage kind -> "module:function" with run(stage_config, run_dir) -> summary dict.
 STAGE_KINDS: dict[str, str] = {
-        "reterm_sft": "tr.stages.reterm:run_sft",
-        "reterm_grpo": "tr.stages.reterm:run_grpo",
+        "init": "tr.stages.handoff:init_base",
+        "warmup": "tr.stages.warmup:run",
+        "rpr": "tr.stages.rpr:run",
 }
 
 
@@ -34,4 +35,12 @@ def resolve(job: str) -> Callable:
         raise UnknownJobError(
                 f"config.job = {job!r} is not a known job; choose one of {sorted(JOBS)}")
     module_name, function_name = JOBS[job].split(":")
+    return getattr(importlib.import_module(module_name), function_name)
+
+
+def stage_kind(kind: str) -> Callable:
+    """Returns the run(stage_config, run_dir) function of stage kind `kind`."""
+    if kind not in STAGE_KINDS:
+        raise ConfigError(f"stage kind {kind!r} is not known; choose one of {sorted(STAGE_KINDS)}")
+    module_name, function_name = STAGE_KINDS[kind].split(":")
     return getattr(importlib.import_module(module_name), function_name)

@@ -17,8 +17,10 @@
                  dataset counts and rejections per filter; queue counts; reward curves of
                  original and recovery groups -> report.json, report.md, reward_curves.png
 
-Stage kinds `reterm_sft` and `reterm_grpo` are :func:`run_sft` and :func:`run_grpo` (one module,
-`run(stage_config, run_dir, ...)`-shaped; registered in `tr.stages.registry.STAGE_KINDS`).
+The stages `reterm_sft` and `reterm_grpo` are :func:`run_sft` and :func:`run_grpo` (named in
+:data:`STAGES`).  They take and return parameters in memory (the `reterm` job chains them); they
+are not yet pipeline stage kinds (`tr.stages.registry.STAGE_KINDS`: `run(stage_config, run_dir)`
+over the loop's stage store), which is the next step.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from tr.stages import embedded
 from tr.stages.registry import ConfigError
 
 ARMS = ("base", "sft", "grpo", "reterm_grpo")
+STAGES = {"reterm_sft": "tr.stages.reterm:run_sft", "reterm_grpo": "tr.stages.reterm:run_grpo"}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,420 @@
+"""What every training stage needs: models from the config, task splits, rollouts of the current
+actor (kept as record shards), rewards, training arrays, `val` evaluation, metrics lines.
+
+Each piece is one named function or one small class, so a stage kind (`warmup.py`, `rpr.py`)
+reads as set-up, then `tr.stages.loop.train_loop`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import pathlib
+import sys
+import time
+from typing import Any, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+
+from tr.agent import evaluation
+from tr.agent.records import EpisodeRecord, episode_to_sequences, read_shard, write_shard
+from tr.agent.rollout import RolloutConfig, group_specs, run_rollouts
+from tr.stages.registry import ConfigError  # noqa: F401  (re-exported for the stage kinds)
+
+SPLITS = ("train", "val", "test")
+
+
+# ------------------------------------------------------------------------------------------------
+# Config
+
+
+def stage_defaults() -> ml_collections.ConfigDict:
+    """The fields a training stage's config has (a stage entry of `config.stages` overrides them).
+
+    Sizes are the papers' where one is given; tests and CPU runs shrink them.
+    """
+    from tr.train.updates import default_config  # pylint: disable=g-import-not-at-top
+
+    return ml_collections.ConfigDict({
+        "name": "",
+        "kind": "",
+        "actor_from": "",          # stage name (its retained step), "" = none
+        "critic_from": "",         # stage name, "fresh", "" = none
+        "seed": 0,
+        "model": {"name": "tiny", "overrides": {}},
+        "tasks": {"source": "suite", "suite": "", "ids": [], "count": 0, "seed": 0},
+        "train": default_config(),
+        "rollout": {
+            "backend": "local",
+            "concurrency": 4,
+            "tasks_per_iteration": 8,   # distinct train tasks per rollout batch
+            "group_size": 1,            # rollouts per task
+            "oversample": 0,            # N' − N extra launched rollouts (keep-first N)
+            "max_output_tokens": 64,
+            "max_turns": 4,
+            "temperature": 1.0,         # training rollouts: SPEC §2
+            "top_p": 1.0,
+        },
+        "arrays": {"rows": 16, "length": 1024},
+        "eval": {"every": 1, "k": 1, "count": 0, "temperature": 0.6, "top_p": 0.95,
+                 "at_start": True},
+        "checkpoint": {"save_every": 1, "async_save": False},
+    })
+
+
+def resolve_stage_config(entry, defaults: ml_collections.ConfigDict | None = None
+                         ) -> ml_collections.ConfigDict:
+    """`defaults` (a stage kind's, else `stage_defaults()`) updated by `entry` (a ConfigDict or
+    dict); an unknown field raises `ConfigError` naming it."""
+    config = stage_defaults() if defaults is None else defaults
+    entry = entry.to_dict() if hasattr(entry, "to_dict") else dict(entry)
+    try:
+        config.update_from_flattened_dict(_flatten(entry))
+    except (KeyError, AttributeError) as error:
+        raise ConfigError(f"stage {entry.get('name', '?')!r}: unknown config field {error}") from None
+    if not config.name:
+        raise ConfigError(f"a stage entry has no 'name': {entry}")
+    return config
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value and key not in ("overrides",):
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Models
+
+
+@dataclasses.dataclass
+class Models:
+    """The actor and critic graphs of a stage, their pure functions and initial parameters."""
+
+    config: Any
+    tokenizer: Any
+    actor: Any
+    critic: Any
+    fns: Any
+
+
+def build_models(model_config, *, seed: int = 0, chunk_size: int = 1024) -> Models:
+    """The named size with overrides (recorded in the stage manifest), a byte tokenizer."""
+    from flax import nnx  # pylint: disable=g-import-not-at-top
+
+    from tr.models.config import get_model_config  # pylint: disable=g-import-not-at-top
+    from tr.models.critic import CriticModel  # pylint: disable=g-import-not-at-top
+    from tr.models.decoder import Decoder  # pylint: disable=g-import-not-at-top
+    from tr.models.tokenizer import ByteTokenizer  # pylint: disable=g-import-not-at-top
+    from tr.train.model_fns import nnx_model_fns  # pylint: disable=g-import-not-at-top
+
+    overrides = dict(model_config.overrides) if "overrides" in model_config else {}
+    try:
+        config = get_model_config(model_config.name, **overrides)
+    except ValueError as error:
+        raise ConfigError(f"config.model: {error}") from None
+    actor = Decoder(config, rngs=nnx.Rngs(seed))
+    critic = CriticModel(config, rngs=nnx.Rngs(seed + 1))
+    fns = nnx_model_fns(actor, critic, chunk_size=min(chunk_size, config.max_seq_len))
+    return Models(config, ByteTokenizer(vocab_size=config.vocab_size), actor, critic, fns)
+
+
+# ------------------------------------------------------------------------------------------------
+# Tasks
+
+
+def split_of(task_id: str) -> str:
+    """A built-in-suite task's split: sha1 of its id, 3/5 train, 1/5 val, 1/5 test (stable)."""
+    bucket = int(hashlib.sha1(task_id.encode()).hexdigest(), 16) % 5
+    return "train" if bucket < 3 else ("val" if bucket == 3 else "test")
+
+
+def stage_tasks(tasks_config, split: str) -> list:
+    """The tasks of `split`: the gym's split (`source='gym'`) or the built-in suite's hash split."""
+    if split not in SPLITS:
+        raise ConfigError(f"split {split!r}: expected one of {SPLITS}")
+    count = int(tasks_config.count) or None
+    if tasks_config.source == "gym":
+        try:
+            from tr.envs import gym  # pylint: disable=g-import-not-at-top
+        except ImportError:
+            raise ConfigError("config.tasks.source = 'gym' but tr.envs.gym is not installed "
+                              "in this checkout") from None
+        return list(gym.split_tasks(split, count, seed=int(tasks_config.seed)))
+    if tasks_config.source != "suite":
+        raise ConfigError(f"config.tasks.source = {tasks_config.source!r}: expected 'suite' or 'gym'")
+    from tr.envs.tasks import TaskError, load_suite  # pylint: disable=g-import-not-at-top
+
+    try:
+        tasks = load_suite(tasks_config.suite or None)
+    except TaskError as error:
+        raise ConfigError(f"config.tasks.suite = {tasks_config.suite!r}: {error}") from None
+    if tasks_config.ids:
+        unknown = sorted(set(tasks_config.ids) - {t.id for t in tasks})
+        if unknown:
+            raise ConfigError(f"config.tasks.ids names unknown task id(s) {unknown}")
+        tasks = [t for t in tasks if t.id in set(tasks_config.ids)]
+    tasks = [t for t in tasks if split_of(t.id) == split]
+    return tasks[:count] if count else tasks
+
+
+def iteration_tasks(tasks: Sequence, iteration: int, per_iteration: int, seed: int) -> list:
+    """The tasks of rollout batch `iteration`: consecutive slices of per-pass permutations of
+    `tasks` (pass `p` seeded `(seed, p)`), so every task is used once per pass."""
+    if not tasks:
+        raise ConfigError("no tasks in the train split")
+    n = len(tasks)
+    out = []
+    start = iteration * per_iteration
+    for position in range(start, start + per_iteration):
+        epoch, index = divmod(position, n)
+        order = np.random.default_rng([seed, epoch]).permutation(n)
+        out.append(tasks[int(order[index])])
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Rollouts
+
+
+class Actor:
+    """The sampler over the current actor parameters: rollouts (kept as shards) and evaluation."""
+
+    def __init__(self, models: Models, rollout_config):
+        from tr.sampling.sampler import JaxSampler  # pylint: disable=g-import-not-at-top
+
+        self.models = models
+        self.config = rollout_config
+        self.sampler = JaxSampler(models.actor, models.tokenizer)
+
+    def sync(self, actor_params) -> None:
+        """The sampler uses `actor_params` from now on (`JaxSampler.update_weights`)."""
+        self.sampler.update_weights(actor_params)
+
+    def _policy(self, seed: int, temperature: float, top_p: float):
+        from tr.agent.policies import ModelPolicy  # pylint: disable=g-import-not-at-top
+
+        return ModelPolicy(self.sampler, self.models.tokenizer, temperature=temperature,
+                           top_p=top_p, seed=seed, name=f"model:{self.models.config.name}")
+
+    def rollouts(self, tasks: Sequence, *, seed: int, group_size: int = 1,
+                 keep_first: int | None = None, temperature: float | None = None,
+                 top_p: float | None = None, prefix: str = "ep") -> tuple[list[EpisodeRecord], dict]:
+        """`group_size` rollouts of each task (specs seeded by `seed`), the first `keep_first` to
+        finish kept (over-sampling). The policy's sampling seed is `seed` too, so one call is a
+        pure function of the parameters and `seed` when `concurrency = 1`."""
+        cfg = self.config
+        policy = self._policy(seed, cfg.temperature if temperature is None else temperature,
+                              cfg.top_p if top_p is None else top_p)
+        budgets = policy.budgets(int(cfg.max_output_tokens), max_turns=int(cfg.max_turns))
+        specs = group_specs(tasks, group_size, seed=seed, prefix=prefix)
+        out = run_rollouts(specs, policy, policy.layout,
+                           RolloutConfig(backend=cfg.backend, concurrency=int(cfg.concurrency),
+                                         budgets=budgets, progress=False),
+                           keep_first=keep_first)
+        stats = {"launched": len(specs), "kept": len(out.records), "cancelled": len(out.cancelled),
+                 "rollout_s": out.wall_s, "generation_s": out.generation_s}
+        return sorted(out.records, key=lambda r: r.episode_id), stats
+
+
+def cached_rollouts(path: pathlib.Path, collect) -> tuple[list[EpisodeRecord], dict]:
+    """The records of `path` if a previous run wrote them, else `collect()` written there first
+    (atomically, its stats beside it in `<name>.stats.json`): a resumed stage trains on exactly
+    the data it had generated."""
+    stats_path = path.with_suffix(".stats.json")
+    if path.exists():
+        stats = json.loads(stats_path.read_text()) if stats_path.exists() else {}
+        return read_shard(path), {**stats, "cached": True}
+    records, stats = collect()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = stats_path.with_name(stats_path.name + ".tmp")
+    tmp.write_text(json.dumps(stats, sort_keys=True))
+    tmp.replace(stats_path)           # the stats first: the shard marks the batch complete
+    write_shard(records, path)
+    return records, {**stats, "cached": False}
+
+
+# ------------------------------------------------------------------------------------------------
+# Rewards
+
+
+def trajectory_row(record: EpisodeRecord) -> dict:
+    """`{family, matched, executed, strict_pass, turns}` of a record (the profiling columns)."""
+    return {"family": record.family or "unknown", "matched": float(record.matched or 0.0),
+            "executed": int(record.executed or 0), "strict_pass": bool(record.passed),
+            "turns": record.num_turns}
+
+
+def profile_scales(records: Sequence[EpisodeRecord], path: pathlib.Path, *,
+                   quantile: float = 0.9, failure_threshold: float = 1.0) -> dict:
+    """The family scale table of `records` (SPEC §5, recalibrated), written to `path`; read back
+    unchanged when `path` exists (scales are frozen within a stage, also across a resume)."""
+    from tr.rewards import profile  # pylint: disable=g-import-not-at-top
+
+    if path.exists():
+        return profile.load_scale_table(path)
+    rows = [trajectory_row(r) for r in records if r.status.counts]
+    if not rows:
+        raise ConfigError(f"{path}: no counted profiling rollouts to build a scale table from")
+    table = profile.build_scale_table(rows, quantile=quantile, failure_threshold=failure_threshold)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(profile.dumps_scale_table(table))
+    tmp.replace(path)
+    return table
+
+
+def episode_rewards(records: Sequence[EpisodeRecord], kind: str, scales: dict | None = None
+                    ) -> np.ndarray:
+    """Per-record rewards: `strict` (S), `fdr` (max(P/D_f, 0)) or `spr` (S + P⁺/(P⁺ + D'_f)).
+
+    A family missing from the table gets scale 1 (the floor of `D_f`).
+    """
+    from tr.rewards import shaping  # pylint: disable=g-import-not-at-top
+
+    rows = [trajectory_row(r) for r in records]
+    strict = np.asarray([r["strict_pass"] for r in rows], np.float32)
+    if kind == "strict":
+        return strict
+    if kind not in ("fdr", "spr"):
+        raise ConfigError(f"reward {kind!r}: expected 'strict', 'fdr' or 'spr'")
+    if scales is None:
+        raise ConfigError(f"reward {kind!r} needs a family scale table")
+    field = "D" if kind == "fdr" else "D_prime"
+    scale = np.asarray([float(scales.get(r["family"], {}).get(field, 1.0)) for r in rows],
+                       np.float32)
+    matched = np.asarray([r["matched"] for r in rows], np.float32)
+    if kind == "fdr":
+        return np.asarray(shaping.fdr(matched, scale))
+    return np.asarray(shaping.spr(strict, matched, scale))
+
+
+# ------------------------------------------------------------------------------------------------
+# Training arrays
+
+
+def training_arrays(records: Sequence[EpisodeRecord], rewards: Sequence[float], *, rows: int,
+                    length: int, num_windows: int = 1) -> tuple[dict[str, np.ndarray], dict]:
+    """`[rows, length]` SPEC §2 arrays of the counted records, one context window per row.
+
+    With `num_windows > 1` an episode split by summarisation keeps its reward and done on its last
+    window only and its rows are linked (`window_ids`, `next_window_row`) so TB-GAE is carried
+    across them; with 1, each window is scored by the episode outcome on its own. Rows past the
+    data are padding (all masks false). Too many rows, a window longer than `length`, or more
+    windows than `num_windows` raise, naming the config field.
+    """
+    from tr.agent.records import pad_sequences  # pylint: disable=g-import-not-at-top
+
+    seqs, window_ids, next_row, stats = [], [], [], {"truncated_rows": 0}
+    for record, reward in zip(records, rewards):
+        if not record.status.counts:
+            continue
+        windows = episode_to_sequences(record, float(reward))
+        if num_windows > 1:
+            if len(windows) > num_windows:
+                raise ConfigError(f"episode {record.episode_id} has {len(windows)} context windows "
+                                  f"> train.ppo.num_windows={num_windows}")
+            for w in windows[:-1]:
+                w["rewards"][:] = 0.0
+                w["dones"][:] = False
+        first = len(seqs)
+        for w, seq in enumerate(windows):
+            seqs.append(seq)
+            window_ids.append(w if num_windows > 1 else 0)
+            linked = num_windows > 1 and w + 1 < len(windows)
+            next_row.append(first + w + 1 if linked else -1)
+    if len(seqs) > rows:
+        raise ConfigError(f"{len(seqs)} context windows do not fit arrays.rows={rows}")
+    too_long = [len(s["tokens"]) for s in seqs if len(s["tokens"]) > length]
+    if too_long:
+        raise ConfigError(f"a context window of {max(too_long)} tokens does not fit "
+                          f"arrays.length={length}")
+    batch = pad_sequences(seqs, length) if seqs else pad_sequences([], length)
+    pad = rows - len(seqs)
+    batch = {k: np.concatenate([v, np.zeros((pad, length), v.dtype)]) for k, v in batch.items()}
+    batch["window_ids"] = np.asarray(window_ids + [0] * pad, np.int32)
+    batch["next_window_row"] = np.asarray(next_row + [-1] * pad, np.int32)
+    stats.update(windows=len(seqs), action_tokens=int(batch["actor_mask"].sum()),
+                 tokens=int(sum(len(s["tokens"]) for s in seqs)))
+    return batch, stats
+
+
+# ------------------------------------------------------------------------------------------------
+# Evaluation and metrics
+
+
+def rollout_summary(records: Sequence[EpisodeRecord], rewards: Sequence[float]) -> dict:
+    """Pass rate, mean reward, turns and statuses of one rollout batch."""
+    counted = [i for i, r in enumerate(records) if r.status.counts]
+    statuses: dict[str, int] = {}
+    for r in records:
+        statuses[r.status.value] = statuses.get(r.status.value, 0) + 1
+    return {
+        "episodes": len(records),
+        "pass_rate": (float(np.mean([bool(records[i].passed) for i in counted]))
+                      if counted else None),
+        "reward_mean": float(np.mean([rewards[i] for i in counted])) if counted else None,
+        "turns_mean": (float(np.mean([records[i].num_turns for i in counted]))
+                       if counted else None),
+        "statuses": statuses,
+    }
+
+
+def evaluate_split(actor: Actor, tasks: Sequence, eval_config, *, seed: int) -> dict:
+    """Mean@k and Pass@1 of the current actor on `tasks` (`tr.agent.evaluation.summarise`),
+    at the evaluation temperature and top-p (SPEC §6)."""
+    records, _ = actor.rollouts(tasks, seed=seed, group_size=int(eval_config.k),
+                                temperature=float(eval_config.temperature),
+                                top_p=float(eval_config.top_p), prefix="eval")
+    return evaluation.summarise(records, tasks, int(eval_config.k))
+
+
+class MetricsLog:
+    """`metrics.jsonl`: one JSON line per update; a progress line on stderr per iteration.
+
+    `truncate(iteration)` drops the lines of iterations ≥ `iteration` (written by a run killed
+    after its update but before its checkpoint), so a resumed stage never repeats a line.
+    """
+
+    def __init__(self, path: pathlib.Path, stream=None):
+        self.path = path
+        self.stream = stream if stream is not None else sys.stderr
+        self.t0 = time.monotonic()
+
+    def truncate(self, iteration: int) -> None:
+        if not self.path.exists():
+            return
+        kept = [line for line in self.path.read_text().splitlines()
+                if line.strip() and json.loads(line)["iteration"] < iteration]
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.replace(self.path)
+
+    def write(self, lines: Sequence[dict]) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            for line in lines:
+                f.write(json.dumps(line, sort_keys=True) + "\n")
+            f.flush()
+
+    def progress(self, text: str) -> None:
+        self.stream.write(f"[{time.monotonic() - self.t0:7.1f}s] {text}\n")
+        self.stream.flush()
+
+
+def read_metrics(path: pathlib.Path) -> list[dict]:
+    """The lines of a `metrics.jsonl`."""
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def to_host(metrics: dict) -> dict:
+    return {k: float(v) for k, v in jax.device_get(metrics).items()}
