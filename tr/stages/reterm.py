@@ -394,6 +394,7 @@ def run(config, workdir):
         actor.policy(temperature=config.eval.temperature, top_p=config.eval.top_p,
                      seed=config.seed + 1, name="base"),
         test_tasks, 1, layout, rc_cfg, seed=config.seed + 1, prefix="heldout")
+    recovery.discard_failures(heldout[config.eval.heldout_states:])   # only the first N are kept
     heldout = heldout[:config.eval.heldout_states]
     try:
         t0 = time.monotonic()
