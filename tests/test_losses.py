@@ -287,7 +287,8 @@ class ReTermWeightingTest(parameterized.TestCase):
     @chex.variants(with_jit=True, without_jit=True)
     def test_weighted_loss_equals_the_reterm_objective(self):
         b, group_ids, is_recovery = self._setup()
-        weights = self.variant(functools.partial(reterm_token_weights, num_groups=8))(
+        weights = self.variant(functools.partial(reterm_token_weights, num_groups=8,
+                                                 weighting="literal"))(
             group_ids, is_recovery, b["mask"])
         chex.assert_type(weights, jnp.float32)
         loss, _ = ppo_policy_loss(b["logp"], b["old"], b["adv"], b["mask"], token_weights=weights)
@@ -302,6 +303,37 @@ class ReTermWeightingTest(parameterized.TestCase):
             objective += (m_r if g >= 5 else m_o) / (m_o + m_r) * j_g
         np.testing.assert_allclose(loss, -objective, rtol=1e-5)
         self.assertTrue(np.all(np.asarray(weights)[~b["mask"]] == 0.0))
+
+    def test_equal_weighting_is_the_mean_over_groups(self):
+        b, group_ids, is_recovery = self._setup()
+        weights = reterm_token_weights(group_ids, is_recovery, b["mask"], num_groups=8)
+        loss, _ = ppo_policy_loss(b["logp"], b["old"], b["adv"], b["mask"], token_weights=weights)
+        ratio = np.exp(b["logp"].astype(np.float64) - b["old"])
+        surrogate = np.minimum(ratio * b["adv"], np.clip(ratio, 0.7, 6.0) * b["adv"])
+        j = [surrogate[group_ids == g][b["mask"][group_ids == g]].mean() for g in range(7)]
+        # 5/7 · mean over original groups + 2/7 · mean over recovery groups = mean over groups
+        objective = 5 / 7 * np.mean(j[:5]) + 2 / 7 * np.mean(j[5:])
+        np.testing.assert_allclose(loss, -objective, rtol=1e-5)
+        np.testing.assert_allclose(np.mean(j), objective, rtol=1e-12)
+
+    @parameterized.parameters(("equal", 0.2, 1.0), ("literal", 4 / 68, 6.8))
+    def test_class_shares_at_eight_plus_two(self, weighting, recovery_share, scale):
+        # the paper's 8 original + 2 recovery groups of 16, rows of unequal lengths
+        rng = np.random.default_rng(7)
+        group_ids = np.repeat(np.arange(10, dtype=np.int32), 16)
+        is_recovery = group_ids >= 8
+        mask = rng.random((160, 12)) < rng.uniform(0.2, 1.0, (160, 1))
+        mask[:, 0] = True
+        w = np.asarray(reterm_token_weights(group_ids, is_recovery, mask, weighting=weighting))
+        n = mask.sum()
+        # share of the objective (and of the gradient for equal per-token surrogates) per class
+        np.testing.assert_allclose(w[is_recovery].sum() / w.sum(), recovery_share, rtol=1e-5)
+        np.testing.assert_allclose(w.sum() / n, scale, rtol=1e-5)   # the loss's overall scale
+        per_group = np.array([w[group_ids == g].sum() for g in range(10)]) / n
+        if weighting == "equal":
+            np.testing.assert_allclose(per_group, 0.1, rtol=1e-5)   # every group weighs the same
+        with self.assertRaisesRegex(ValueError, "weighting='mean'"):
+            reterm_token_weights(group_ids, is_recovery, mask, weighting="mean")
 
     def test_weighted_loss_accumulates_over_micro_batches(self):
         b, group_ids, is_recovery = self._setup()

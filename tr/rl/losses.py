@@ -15,7 +15,8 @@ Each loss comes in two forms:
 Aggregation is the global token mean of SPEC §4: the sum over all masked tokens of the batch divided
 by their count (not a mean of per-sequence means).
 
-ReTerm weighting (``reterm_token_weights``) turns the group objective
+ReTerm weighting (``reterm_token_weights``, "every group weighs the same" by default, the literal
+reading as an option) turns the group objective
 ``J = M_O/(M_O+M_R) Σ_g J^O_g + M_R/(M_O+M_R) Σ_g J^R_g`` into per-token weights that multiply the
 PPO/GRPO per-token surrogate, so the same ``ppo_policy_loss`` computes it exactly.
 """
@@ -44,6 +45,7 @@ __all__ = [
 EPS_LOW = 0.30
 EPS_HIGH = 5.00
 EPS_VALUE = 4.00
+RETERM_WEIGHTINGS = ("equal", "literal")   # see reterm_token_weights
 
 
 class LossTerms(NamedTuple):
@@ -282,13 +284,23 @@ def reterm_token_weights(
     mask: Bool[Array, "b l"],
     *,
     num_groups: int | None = None,
+    weighting: str = "equal",
 ) -> Float[Array, "b l"]:
     """Per-token weights that make ``ppo_policy_loss`` compute the ReTerm objective exactly.
 
     ``J = M_O/(M_O+M_R) Σ_{g∈O} J_g + M_R/(M_O+M_R) Σ_{g∈R} J_g`` where ``J_g`` is the clipped GRPO
     surrogate of group ``g`` as a token mean over the group's masked tokens, ``M_O``/``M_R`` the
-    numbers of original/recovery groups present. With ``N = Σ mask`` (tokens of the whole update),
-    ``n_g`` the masked tokens of group ``g`` and ``c_g = M_O`` or ``M_R`` by the group's kind,
+    numbers of original/recovery groups present (SPEC §4). Two readings (``weighting``):
+
+    * ``"equal"`` (default): every group weighs the same, each ``Σ_g`` a mean over its class, so
+      ``J = 1/(M_O+M_R) Σ_g J_g`` and the recovery class carries ``M_R/(M_O+M_R)`` of the objective
+      (20 % at 8 + 2); the weights sum to 1 over groups.
+    * ``"literal"``: each group weighted by its class share and summed as written: recovery groups
+      carry ``M_R²/(M_O²+M_R²)`` (5.9 % at 8 + 2) and the loss is scaled by
+      ``(M_O²+M_R²)/(M_O+M_R)`` (6.8 at 8 + 2). Kept as an option for the audit.
+
+    With ``N = Σ mask`` (tokens of the whole update), ``n_g`` the masked tokens of group ``g`` and
+    ``c_g = 1`` (equal) or ``M_O``/``M_R`` by the group's kind (literal),
 
         ``w_i = N · c_g / ((M_O + M_R) · n_g)``  for token ``i`` of group ``g`` (0 off the mask),
 
@@ -313,6 +325,9 @@ def reterm_token_weights(
         )
     if not jnp.issubdtype(group_ids.dtype, jnp.integer):
         raise ValueError(f"reterm_token_weights: 'group_ids' must be integers, got {group_ids.dtype}")
+    if weighting not in RETERM_WEIGHTINGS:
+        raise ValueError(f"reterm_token_weights: weighting={weighting!r}; expected one of "
+                         f"{RETERM_WEIGHTINGS}")
     num_groups = batch if num_groups is None else num_groups
     tokens_per_row = jnp.sum(mask, axis=1).astype(jnp.float32)
     rows_per_group = jax.ops.segment_sum(jnp.ones((batch,), jnp.float32), group_ids, num_groups)
@@ -322,7 +337,10 @@ def reterm_token_weights(
     group_is_recovery = recovery_rows > 0
     m_recovery = jnp.sum(present & group_is_recovery).astype(jnp.float32)
     m_original = jnp.sum(present & ~group_is_recovery).astype(jnp.float32)
-    class_count = jnp.where(group_is_recovery, m_recovery, m_original)
+    if weighting == "equal":
+        class_count = jnp.ones_like(rows_per_group)
+    else:
+        class_count = jnp.where(group_is_recovery, m_recovery, m_original)
     total_tokens = jnp.sum(tokens_per_row)
     group_weight = jnp.where(
         tokens_per_group > 0,

@@ -8,6 +8,7 @@ JOBS: dict[str, str] = {
         "gae_demo": "tr.stages.gae_demo:run",
         "evaluate": "tr.stages.evaluate:run",
         "base": "tr.stages.base:run",
+        "reterm": "tr.stages.reterm:run",
         "aot": "tr.train.aot:run",
         "pipeline": "tr.stages.pipeline:run",
 }

@@ -92,7 +92,8 @@ def build_steps(config: ml_collections.ConfigDict, *, actor_logprobs: ActorFn | 
             updates.grpo_update, actor_logprobs=actor_logprobs, actor_optimizer=actor_opt,
             group_size=int(config.grpo.group_size), eps_low=config.grpo.eps_low,
             eps_high=config.grpo.eps_high, std_eps=config.grpo.std_eps,
-            policy_loss=config.grpo.get("policy_loss", "ppo"), num_micro_batches=n)))
+            policy_loss=config.grpo.get("policy_loss", "ppo"), num_micro_batches=n,
+            group_weighting=config.grpo.get("group_weighting", "equal"))))
     if critic_values is not None:
         critic = compile_step(functools.partial(
             updates.critic_update, critic_values=critic_values, critic_optimizer=critic_opt,

@@ -83,8 +83,11 @@ def default_config() -> ml_collections.ConfigDict:
             "epochs": 1,               # passes over one rollout batch
             "mini_batches": 1,         # optimizer updates per pass
         },
+        # ReTerm-GRPO. The paper gives no clip range: eps_low/eps_high here are the PPO defaults
+        # of SPEC §4, a config value. group_weighting: "equal" (every group weighs the same) or
+        # "literal" (tr.rl.losses.reterm_token_weights).
         "grpo": {"group_size": 16, "eps_low": 0.30, "eps_high": 5.00, "std_eps": 1e-6,
-                 "policy_loss": "ppo"},
+                 "policy_loss": "ppo", "group_weighting": "equal"},
         "num_micro_batches": 1,
         "logprob_chunk_size": 1024,
     })
@@ -306,15 +309,18 @@ def ppo_update(state: TrainState, batch: Batch, *, actor_logprobs: ActorFn,
 def grpo_update(state: TrainState, batch: Batch, *, actor_logprobs: ActorFn,
                 actor_optimizer: optax.GradientTransformation, group_size: int,
                 eps_low: float = losses.EPS_LOW, eps_high: float = losses.EPS_HIGH,
-                std_eps: float = 1e-6, policy_loss: str = "ppo", num_micro_batches: int = 1
-                ) -> tuple[TrainState, dict]:
+                std_eps: float = 1e-6, policy_loss: str = "ppo", num_micro_batches: int = 1,
+                group_weighting: str = "equal") -> tuple[TrainState, dict]:
     """One ReTerm-GRPO update of the actor over original and recovery groups.
 
     Rows come in consecutive groups of `group_size` rollouts of one task, one rollout per row
     (`tr.rl.advantages.check_one_rollout_per_row`: the compiled step refuses packed rows and split
     windows); `is_recovery [B]` marks recovery groups.
     `J = M_O/(M_O+M_R) Σ_g J^O_g + M_R/(M_O+M_R) Σ_g J^R_g`, each `J_g` the clipped surrogate of a
-    group as a token mean (`losses.reterm_token_weights`). Advantages are `batch['advantages']`
+    group as a token mean (`losses.reterm_token_weights`; `group_weighting` "equal": every group
+    weighs the same, so the recovery class carries M_R/(M_O+M_R); "literal": the formula as
+    written, recovery M_R²/(M_O²+M_R²)). The clip range (`eps_low`, `eps_high`) is not given by the
+    ReTerm paper: it is the config's `grpo.eps_low/eps_high`. Advantages are `batch['advantages']`
     when given, else `tr.rl.advantages.grpo_row_advantages` of the rows' rewards.
     """
     check_batch("grpo", batch)
@@ -326,7 +332,8 @@ def grpo_update(state: TrainState, batch: Batch, *, actor_logprobs: ActorFn,
         advantages, _ = registry.estimator("grpo")(batch, None, params)
     group_ids = jnp.arange(rows, dtype=jnp.int32) // group_size
     weights = losses.reterm_token_weights(group_ids, batch["is_recovery"], batch["loss_mask"],
-                                          num_groups=-(-rows // group_size))
+                                          num_groups=-(-rows // group_size),
+                                          weighting=group_weighting)
     full = {**batch, "advantages": advantages, "token_weights": weights,
             "old_logprobs": batch.get("old_logprobs", batch["logprobs"])}
     loss_fn = registry.policy_loss(policy_loss)

@@ -1,0 +1,115 @@
+"""ReTerm end to end on the gym (issue 15): Base -> SFT -> GRPO -> ReTerm-GRPO (the paper's Table 4).
+
+  bash launch/run.sh experiments/reterm.py
+  python experiments/main.py --config=experiments/reterm.py:quick --workdir=/tmp/reterm
+
+Writes WORKDIR/report.json (arms base/sft/grpo/reterm_grpo: Pass@1 on test, Recovery@k on
+held-out failure states of the Base on test, mean turns/tokens; dataset counts and rejections per
+filter; queue counts; reward curves), report.md, reward_curves.png, the JSONL recovery shards
+(reterm-data/), per-stage metrics (reterm_sft/, grpo/, reterm_grpo/).
+
+Variants:
+  default  the gym at CPU scale; GRPO and ReTerm-GRPO compute-matched ((M_O + M_R) x G rollouts
+           per update for both)
+  quick    test size (the test suite runs it end to end)
+  queue    beyond the paper: the default run plus ReTerm-GRPO from the same SFT actor for every
+           capacity K in {4, 16, 64} x sampling front-first / uniform (report.json "queue_sweep")
+  paper    the seed's settings (9B-class config, SFT batch 16 lr 5e-6, GRPO batch 160 = (8+2)x16,
+           lr 5e-7, 8,192 generated tokens, 65k context, 32 turns, evaluation at temperature 1.0
+           seed 0): loads and validates only
+
+The clip range (grpo.eps_low/eps_high) is not given by the paper: SPEC §4's PPO defaults, a
+config value.  grpo.group_weighting: "equal" (every group weighs the same, so the recovery class
+carries M_R/(M_O+M_R)) or "literal" (the formula as written; tr/rl/losses.py).
+"""
+
+import ml_collections
+
+from tr.train import pod
+
+VARIANTS = ("default", "quick", "queue", "paper")
+
+QUICK = {"base.demos.tasks": 16, "base.steps": 4, "base.batch": 4, "data.train_tasks": 4,
+         "data.attempts": 1, "sft.steps": 2, "sft.batch": 2, "grpo.updates": 2,
+         "grpo.group_size": 2, "grpo.m_original": 1, "grpo.m_recovery": 1,
+         "eval.test_count": 3, "eval.k": 1, "eval.heldout_states": 2, "eval.max_turns": 2,
+         "eval.max_output_tokens": 32, "concurrency": 4}
+# The pod form's local smoke run (tests/test_launchers.py) must take seconds: it loads and validates
+# the config (the paper variant's path); the pipeline itself runs in tests/test_reterm.py (quick).
+SMOKE_FLAGS = ("--config.variant=paper",)
+
+
+def get_config(variant: str = "default"):
+    if variant not in VARIANTS:
+        raise ValueError(f"experiments/reterm.py: unknown variant {variant!r}; choose one of "
+                         f"{VARIANTS}")
+    c = ml_collections.ConfigDict()
+    c.pod = pod.pod_config()
+    c.job = "reterm"
+    c.variant = variant
+    c.seed = 0
+    c.model = "gym"                                   # tr/stages/embedded.py
+    c.tokenizer = "tr/stages/gym_tokenizer.json"
+    c.concurrency = 16
+    c.base = ml_collections.ConfigDict()
+    c.base.demos = ml_collections.ConfigDict({"tasks": 256, "p_mistake": 0.3, "p_truncate": 0.2})
+    c.base.steps = 60
+    c.base.batch = 8
+    c.base.learning_rate = 3e-3
+    c.data = ml_collections.ConfigDict()
+    c.data.train_tasks = 48                           # Base attempts each `attempts` times
+    c.data.attempts = 2
+    # the teacher: "embedded" (inspect + gym repair) or "http" (base_url, model: any
+    # OpenAI-compatible endpoint); its own budgets (a text policy, not bound to the sampler)
+    c.teacher = ml_collections.ConfigDict({"kind": "embedded", "base_url": "", "model": "",
+                                           "max_turns": 8, "max_output_tokens": 512,
+                                           "max_context_tokens": 8192})
+    c.sft = ml_collections.ConfigDict()
+    c.sft.steps = 30
+    c.sft.batch = 8
+    c.sft.length = 1024
+    c.sft.learning_rate = 1e-3                        # paper: 5e-6 at 9B, batch 16
+    c.grpo = ml_collections.ConfigDict()
+    c.grpo.updates = 6
+    c.grpo.group_size = 4                             # paper: 16
+    c.grpo.m_original = 4                             # paper: 8
+    c.grpo.m_recovery = 1                             # paper: 2
+    c.grpo.batch = (c.grpo.m_original + c.grpo.m_recovery) * c.grpo.group_size
+    c.grpo.learning_rate = 3e-4                       # paper: 5e-7 at 9B
+    c.grpo.eps_low = 0.30                             # not in the paper: SPEC §4 defaults
+    c.grpo.eps_high = 5.00
+    c.grpo.std_eps = 1e-6                             # δ of the group normalisation
+    c.grpo.group_weighting = "equal"                  # or "literal"
+    c.queue = ml_collections.ConfigDict({"capacity": 16, "sampling": "front", "sweep": ()})
+    c.eval = ml_collections.ConfigDict()
+    c.eval.test_count = 32
+    c.eval.heldout_states = 24
+    c.eval.k = 2
+    c.eval.temperature = 0.6
+    c.eval.top_p = 0.95
+    c.eval.max_turns = 5
+    c.eval.max_output_tokens = 64
+    c.eval.prompt_bucket = 256
+    if variant == "quick":
+        for key, value in QUICK.items():
+            *path, field = key.split(".")
+            node = c
+            for p in path:
+                node = node[p]
+            node[field] = value
+        c.grpo.batch = (c.grpo.m_original + c.grpo.m_recovery) * c.grpo.group_size
+    elif variant == "queue":
+        # beyond the paper: every (K, sampling) pair, each a ReTerm-GRPO run from the same SFT
+        c.queue.sweep = tuple((k, s) for k in (4, 16, 64) for s in ("front", "uniform"))
+    elif variant == "paper":
+        c.model = "qwen3-8b"                          # the 9B-class config
+        c.sft.batch, c.sft.learning_rate = 16, 5e-6
+        c.grpo.m_original, c.grpo.m_recovery, c.grpo.group_size = 8, 2, 16
+        c.grpo.batch = 160
+        c.grpo.learning_rate = 5e-7
+        c.eval.max_output_tokens = 8192
+        c.eval.max_turns = 32
+        c.eval.context = 65536
+        c.eval.temperature, c.eval.top_p = 1.0, 1.0
+        c.queue.capacity = 64
+    return c

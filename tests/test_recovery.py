@@ -1,0 +1,271 @@
+"""ReTerm data and the recovery queue (tr/agent/recovery.py) on the gym, in real local sandboxes.
+
+A failing actor (a family's plausible mistake, then DONE) leaves real failure states; the embedded
+teacher recovers from the restored snapshot (the real verifier passes), while replaying the
+reference from there fails on families whose mistake must be undone — so the state really is the
+failure's.  Filters, the condensed prompt, teacher-only loss tokens, the shards, the queue's order,
+eviction and snapshot clean-up, error categories and Recovery@k are checked against hand-computed
+expectations.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tr.agent import recovery as rc
+from tr.agent.harness import RECOVERY_PROMPT, format_action
+from tr.agent.policies import ScriptedPolicy
+from tr.agent.records import EpisodeRecord, EpisodeStatus, TurnRecord
+from tr.agent.rollout import RolloutConfig
+from tr.agent.transcript import ChatLayout, Generation
+from tr.envs import gym
+from tr.models.tokenizer import ByteTokenizer
+
+FAMILIES = ("copy-keep", "move-logs", "write-file", "follow-pointer")
+
+
+@pytest.fixture(scope="module")
+def gym_cache(tmp_path_factory):
+    old = os.environ.get("TR_GYM_DIR")
+    os.environ["TR_GYM_DIR"] = str(tmp_path_factory.mktemp("gym-cache"))
+    yield
+    if old is None:
+        os.environ.pop("TR_GYM_DIR")
+    else:
+        os.environ["TR_GYM_DIR"] = old
+
+
+class MistakeActor:
+    """A stand-in failing actor: the family's first plausible mistake, then DONE."""
+
+    name = "mistaker"
+
+    def __init__(self, tasks):
+        self.plans = {t.id: gym.mistake_commands(t)[0] for t in tasks}
+
+    def generate(self, requests):
+        return [Generation(text=format_action("go", self.plans[r.task_id])
+                           if r.turn == 1 else format_action("done", None))
+                for r in requests]
+
+
+class Quitter:
+    name = "quitter"
+
+    def generate(self, requests):
+        return [Generation(text=format_action("done", None)) for _ in requests]
+
+
+@pytest.fixture(scope="module")
+def world(gym_cache):
+    tasks = [gym.split_tasks("train", 1, families=[f])[0] for f in FAMILIES]
+    layout = ChatLayout(ByteTokenizer())
+    config = RolloutConfig(concurrency=4, progress=False, batch_window_s=0.0)
+    failures, stats = rc.collect_failures(MistakeActor(tasks), tasks, 1, layout, config)
+    yield tasks, {t.id: t for t in tasks}, layout, config, failures, stats
+    rc.discard_failures(failures)
+    for f in failures:
+        assert not Path(f.snapshot_ref["location"]).exists()
+
+
+def test_failures_keep_history_and_a_persisted_snapshot(world):
+    tasks, _, _, _, failures, stats = world
+    assert stats["episodes"] == 4 and stats["failures"] == 4 and stats["passed"] == 0
+    for f in failures:
+        assert f.status is EpisodeStatus.VERIFIED_FAIL and not f.passed
+        assert f.snapshot_ref["persistent"] and Path(f.snapshot_ref["location"]).is_dir()
+        assert f.messages[-1]["role"] == "assistant" and f.turns[0].command
+
+
+def test_embedded_teacher_recovers_from_the_state_it_finds(world):
+    tasks, by_id, layout, config, failures, _ = world
+    recs = rc.teacher_recoveries(rc.EmbeddedTeacher(tasks), failures, by_id, layout, config)
+    assert len(recs) == 4
+    for r in recs:
+        assert r.kind == "recovery" and r.passed, (r.task_id, r.error, r.turns)
+        assert r.turns[0].command == rc.INSPECT_COMMAND
+        assert r.recovery_prompt == rc.TEACHER_RECOVERY_PROMPT
+        # told only that it failed: no verifier output anywhere in what the teacher saw
+        assert not any("test_" in m["content"] for m in r.messages)
+    # replaying the reference from s_f fails where the mistake must be undone (copy-keep moved
+    # the input away; move-logs moved the csv files too): the restored state is the failure's
+    replays = rc.teacher_recoveries(ScriptedPolicy(tasks), failures, by_id, layout, config)
+    passed = {r.family: bool(r.passed) for r in replays}
+    assert passed["copy-keep"] is False and passed["move-logs"] is False
+
+    rows, counts = rc.build_dataset(failures, recs + replays, by_id, layout)
+    assert counts["recoveries"] == 8 and counts["kept"] == 4 + sum(passed.values())
+    assert counts["rejected_by"]["verifier"] == sum(not r.passed for r in replays)
+    assert sum(counts["rejected_by"].values()) + counts["kept"] == 8
+    tok = layout.tokenizer
+    for row, rec in zip(rows, recs):
+        text = tok.decode(row["tokens"])
+        assert RECOVERY_PROMPT in text and "recovery workflow" not in text   # condensed r
+        assert row["r"] == RECOVERY_PROMPT and row["x"] == by_id[row["task_id"]].instruction
+        teacher = sum(len(s.tokens) for s in rec.segments if s.source == "teacher")
+        assert sum(row["loss_mask"]) == teacher > 0                     # teacher tokens only
+        inherited = [s for s in rec.segments if s.source == "inherited"]
+        n_prefix = sum(len(s.tokens) for s in rec.segments[:rec.segments.index(inherited[-1]) + 1])
+        assert not any(row["loss_mask"][:n_prefix])                     # h_f is context
+        assert [m["role"] for m in row["y"]][0] == "assistant"
+        assert row["h_f"][-1]["role"] == "assistant"
+        # the condensed layout equals a transcript built with r directly
+        assert len(row["tokens"]) == (sum(len(s.tokens) for s in rec.segments)
+                                      - len(tok.encode(rc.TEACHER_RECOVERY_PROMPT))
+                                      + len(tok.encode(RECOVERY_PROMPT)))
+
+
+def test_shards_round_trip_and_bad_lines_are_named(tmp_path):
+    rows = [{"x": "t", "h_f": [], "r": "r", "y": [], "tokens": [1, 2], "loss_mask": [0, 1]}] * 5
+    paths = rc.write_shards(rows, tmp_path, shard_size=2)
+    assert len(paths) == 3 and rc.read_shards(paths) == rows
+    seqs = rc.sft_sequences(rc.read_shards(paths))
+    assert seqs[0]["loss_mask"].tolist() == [False, True]
+    Path(paths[0]).write_text('{"x": 1}\n')
+    with pytest.raises(ValueError, match=r"recoveries-00000.jsonl:1: missing field"):
+        rc.read_shards(paths)
+
+
+def _rec(commands, *, passed=True, exit_codes=None, fmt=0, status=EpisodeStatus.VERIFIED_PASS):
+    exit_codes = exit_codes or [0] * len(commands)
+    turns = [TurnRecord(turn=i + 1, kind="command", text="", command=c, exit_code=e)
+             for i, (c, e) in enumerate(zip(commands, exit_codes))]
+    turns.append(TurnRecord(turn=len(turns) + 1, kind="done", text=""))
+    return EpisodeRecord(episode_id="e", task_id="t", status=status, passed=passed, turns=turns,
+                         format_errors=fmt)
+
+
+def test_filters_by_rule_and_the_optional_judge():
+    instr = "Copy /app/data/a.txt to /app/backup/a.bak and keep the original file."
+    assert rc.filter_recovery(_rec(["cp data/a.txt backup/a.bak"]), instr)[0] is None
+    assert rc.filter_recovery(_rec(["ls"], passed=False), instr)[0] == "verifier"
+    assert rc.filter_recovery(_rec(["ls"], fmt=1), instr)[0] == "format"
+    assert rc.filter_recovery(_rec(["cat /tests/test_checks.py"]), instr)[0] == "compliance"
+    assert rc.filter_recovery(_rec(["rm data/a.txt"]), instr)[0] == "compliance"
+    assert rc.filter_recovery(_rec(["rm -rf /app"]), instr)[0] == "compliance"
+    assert rc.filter_recovery(_rec(["rm data/b.txt"]), instr)[0] is None
+    looping = _rec(["cp x y", "cp x y", "ls"], exit_codes=[1, 1, 0])
+    assert rc.filter_recovery(looping, instr)[0] == "efficiency"
+    assert rc.filter_recovery(_rec(["ls", "ls", "ls"]), instr)[0] == "efficiency"
+
+    class Judge:   # the remote LLM judge cannot exist here: a fake endpoint that answers KEEP
+        name = "judge"
+
+        def __init__(self, word):
+            self.word, self.seen = word, []
+
+        def generate(self, reqs):
+            self.seen += reqs
+            return [Generation(text=self.word) for _ in reqs]
+
+    keep = Judge("KEEP")
+    assert rc.filter_recovery(looping, instr, rc.HttpJudge(keep))[0] is None
+    assert "repeats a failing command" in keep.seen[0].messages[0]["content"]
+    assert rc.filter_recovery(looping, instr, rc.HttpJudge(Judge("REJECT")))[0] == "efficiency"
+
+
+def test_error_categories_by_rule():
+    assert rc.error_category(_rec(["ls"], status=EpisodeStatus.TURN_CAP)) == "resource_management"
+    assert rc.error_category(_rec(["pyhton x"], exit_codes=[127])) == "tool_use"
+    assert rc.error_category(_rec(["ls"], fmt=1)) == "tool_use"
+    assert rc.error_category(_rec(["cp a b"], exit_codes=[1])) == "implementation"
+    assert rc.error_category(_rec(["cp a b"])) == "verification"
+    assert rc.error_category(_rec(["cp a b", "cat b"])) == "planning"
+
+
+def test_queue_front_insert_front_first_capacity_and_no_leaks(world, tmp_path):
+    discarded = []
+    q = rc.RecoveryQueue(3, discard=discarded.append)
+    items = [EpisodeRecord(episode_id=f"f{i}", task_id="t", snapshot_ref={"id": i})
+             for i in range(5)]
+    for it in items:
+        q.push(it)
+    assert [x.episode_id for x in q.items] == ["f4", "f3", "f2"]          # newest at the front
+    assert discarded == [{"id": 0}, {"id": 1}] and q.evicted == 2          # oldest evicted
+    assert [x.episode_id for x in q.pop(2)] == ["f4", "f3"]               # front first
+    q.close()
+    assert discarded[-1] == {"id": 2} and len(q) == 0
+    assert q.stats()["inserted"] == 5
+    u = rc.RecoveryQueue(8, sampling="uniform", seed=1, discard=lambda ref: None)
+    for it in items:
+        u.push(it)
+    got = [x.episode_id for x in u.pop(5)]
+    assert sorted(got) == sorted(f"f{i}" for i in range(5))
+    with pytest.raises(ValueError, match="capacity=0"):
+        rc.RecoveryQueue(0)
+    with pytest.raises(ValueError, match="sampling='lifo'"):
+        rc.RecoveryQueue(2, sampling="lifo")
+
+    # real snapshots: an evicted failure's snapshot folder is gone from disk
+    tasks, by_id, layout, config, _, _ = world
+    fails, _ = rc.collect_failures(MistakeActor(tasks[:2]), tasks[:2], 1, layout, config,
+                                   prefix="queue")
+    real = rc.RecoveryQueue(1)
+    real.push(fails[0])
+    real.push(fails[1])
+    assert not Path(fails[0].snapshot_ref["location"]).exists()
+    assert Path(fails[1].snapshot_ref["location"]).exists()
+    real.close()
+    assert not Path(fails[1].snapshot_ref["location"]).exists()
+
+
+def test_recovery_at_k_on_fixed_failure_states(world):
+    tasks, by_id, layout, config, failures, _ = world
+    good = rc.recovery_at_k(rc.EmbeddedTeacher(tasks), failures, by_id, 2, layout, config)
+    assert good["recovery_at_k"] == 1.0 and good["k"] == 2 and good["states"] == 4
+    assert good["episodes"] == 8 and good["mean_turns"] >= 2
+    assert sum(v["states"] for v in good["by_category"].values()) == 4
+    bad = rc.recovery_at_k(Quitter(), failures, by_id, 1, layout, config)
+    # write-file's mistake leaves nothing the checks see: DONE alone still fails everywhere
+    assert bad["recovery_at_k"] == 0.0 and bad["mean_turns"] == 1
+    for f in failures:                                   # the fixed states are still there
+        assert Path(f.snapshot_ref["location"]).is_dir()
+    json.dumps(good)
+
+
+def test_http_teacher_through_an_openai_compatible_endpoint(world):
+    """The OpenAI-compatible teacher path: the embedded teacher served over real HTTP
+    (tr.agent.server) and driven through HttpPolicy; its turns are teacher tokens."""
+    from tr.agent.server import ChatServer
+
+    tasks, by_id, layout, config, failures, _ = world
+    with ChatServer(rc.EmbeddedTeacher(tasks), layout) as server:
+        teacher = rc.make_teacher("http", base_url=server.url, model="embedded-teacher")
+        recs = rc.teacher_recoveries(teacher, failures[:2], by_id, layout, config)
+    assert all(r.passed for r in recs), [(r.task_id, r.error) for r in recs]
+    rows, counts = rc.build_dataset(failures, recs, by_id, layout)
+    assert counts["kept"] == 2 and all(sum(row["loss_mask"]) > 0 for row in rows)
+    with pytest.raises(ValueError, match="teacher kind 'gpt'"):
+        rc.make_teacher("gpt")
+
+
+def test_condensed_prompt_when_the_failure_ends_on_an_observation(world):
+    """A failure cut by the turn cap ends on an observation (not an action): the teacher still
+    recovers and its row carries the condensed r."""
+    import dataclasses
+
+    from tr.agent.harness import Budgets
+
+    tasks, by_id, layout, config, _, _ = world
+
+    class Looker:
+        name = "looker"
+
+        def generate(self, requests):
+            return [Generation(text=format_action("look", "ls")) for _ in requests]
+
+    capped = dataclasses.replace(config, budgets=Budgets(max_turns=1))
+    fails, _ = rc.collect_failures(Looker(), tasks[:1], 1, layout, capped, prefix="cap")
+    try:
+        assert fails[0].status is EpisodeStatus.TURN_CAP
+        assert fails[0].segments[-1].kind == "observation"
+        recs = rc.teacher_recoveries(rc.EmbeddedTeacher(tasks), fails, by_id, layout, config)
+        rows, counts = rc.build_dataset(fails, recs, by_id, layout)
+        assert counts["kept"] == 1
+        text = layout.tokenizer.decode(rows[0]["tokens"])
+        assert RECOVERY_PROMPT in text and rc.TEACHER_RECOVERY_PROMPT not in text
+        assert rc.error_category(fails[0]) == "resource_management"
+    finally:
+        rc.discard_failures(fails)

@@ -1,0 +1,95 @@
+"""The ReTerm experiment (tr/stages/reterm.py, experiments/reterm.py): the quick variant end to end
+through experiments/main.py (real sandboxes, real SFT and GRPO updates, the real queue), the
+report's keys and consistency, the paper variant's validation, config errors named."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import ml_collections
+import pytest
+
+from tr.stages import reterm
+from tr.stages.registry import ConfigError, resolve
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from experiments import reterm as reterm_config  # noqa: E402
+
+
+def test_quick_runs_end_to_end(tmp_path):
+    state = tmp_path / "sandbox-state"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "TR_GYM_DIR": str(tmp_path / "gym"),
+           "TR_SANDBOX_STATE_DIR": str(state)}
+    proc = subprocess.run([sys.executable, "experiments/main.py",
+                           "--config=experiments/reterm.py:quick", f"--workdir={tmp_path / 'run'}"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "run"
+    report = json.loads((run / "report.json").read_text())
+    assert report["experiment"] == "reterm" and report["variant"] == "quick"
+    assert report["seed"] == 0 and report["wall_s"] > 0
+    assert set(report["arms"]) == {"base", "sft", "grpo", "reterm_grpo"}
+    for arm in report["arms"].values():
+        assert 0.0 <= arm["pass_at_1"] <= 1.0 and 1 <= arm["episodes"] <= 3
+        assert 0.0 <= arm["recovery_at_k"] <= 1.0 and arm["k"] == 1
+        assert arm["mean_turns"] >= 1
+    d = report["dataset"]
+    assert set(d["rejected_by"]) == {"verifier", "format", "compliance", "efficiency"}
+    assert d["kept"] + sum(d["rejected_by"].values()) == d["recoveries"] == d["failures"]
+    q = report["queue"]
+    assert q["capacity"] == 16 and q["inserted"] >= 0 and q["evicted"] == max(0, q["inserted"] - 16)
+    shards = sorted((run / "reterm-data").glob("recoveries-*.jsonl"))
+    rows = [json.loads(line) for p in shards for line in p.read_text().splitlines()]
+    assert len(rows) == d["kept"]
+    for row in rows:
+        assert sum(row["loss_mask"]) > 0 and len(row["tokens"]) == len(row["loss_mask"])
+    assert (run / "report.md").read_text().startswith("# ReTerm (quick")
+    assert (run / "reward_curves.png").stat().st_size > 1000
+    for stage in ("grpo", "reterm_grpo"):
+        assert (run / stage / "metrics.jsonl").read_text().count("\n") == 2
+    # the teacher recovers from real failure states; the second ReTerm update has recovery groups
+    assert d["kept"] >= 1 and report["stages"]["reterm_sft"]["rows"] >= 1
+    curve = report["curves"]["reterm_grpo"]
+    assert curve[1]["recovery_groups"] == min(1, q["inserted"]) and q["sampled"] == curve[1]["recovery_groups"]
+    # nothing leaked: every persisted snapshot of the run was discarded
+    assert state.is_dir() and not list(state.glob("snapshots/*"))
+
+
+def test_paper_variant_validates_only(tmp_path):
+    cfg = reterm_config.get_config("paper")
+    assert (cfg.grpo.m_original, cfg.grpo.m_recovery, cfg.grpo.group_size) == (8, 2, 16)
+    assert cfg.sft.batch == 16 and cfg.sft.learning_rate == 5e-6 and cfg.grpo.learning_rate == 5e-7
+    assert cfg.eval.temperature == 1.0 and cfg.seed == 0 and cfg.eval.max_turns == 32
+    out = reterm.run(cfg, tmp_path)
+    assert out["validated"] and out["grpo_batch"] == 160
+    cfg.grpo.batch = 150
+    with pytest.raises(ConfigError, match="config.grpo.batch = 150"):
+        reterm.run(cfg, tmp_path)
+
+
+def test_bad_config_values_are_named(tmp_path):
+    for path, value, match in (("grpo.group_weighting", "mean", "group_weighting = 'mean'"),
+                               ("queue.sampling", "lifo", "queue.sampling = 'lifo'"),
+                               ("queue.capacity", 0, "config.queue.capacity must be >= 1")):
+        cfg = reterm_config.get_config("quick")
+        section, field = path.split(".")
+        cfg[section][field] = value
+        with pytest.raises(ConfigError, match=match):
+            reterm.run(cfg, tmp_path)
+    cfg = reterm_config.get_config("queue")
+    assert len(cfg.queue.sweep) == 6
+    cfg.queue.sweep = ((4, "front"), (0, "front"))
+    with pytest.raises(ConfigError, match=r"config.queue.sweep\[1\] = \(0, 'front'\)"):
+        reterm.run(cfg, tmp_path)
+    with pytest.raises(ValueError, match="unknown variant 'nope'"):
+        reterm_config.get_config("nope")
+
+
+def test_job_and_stage_kinds_are_registered():
+    assert resolve("reterm") is reterm.run
+    assert set(reterm.STAGES) == {"reterm_sft", "reterm_grpo"}
+    assert reterm.run_sft and reterm.run_grpo
+    assert isinstance(reterm_config.get_config("queue").queue, ml_collections.ConfigDict)
