@@ -18,6 +18,9 @@ STAGE_KINDS: dict[str, str] = {
         "init": "tr.stages.handoff:init_base",
         "warmup": "tr.stages.warmup:run",
         "rpr": "tr.stages.rpr:run",
+        "reterm_sft": "tr.stages.reterm:run_sft",
+        "grpo": "tr.stages.reterm:run_grpo",
+        "reterm_grpo": "tr.stages.reterm:run_reterm_grpo",
 }
 
 
