@@ -461,33 +461,39 @@ def run_sft(stage_config, run_dir, **_) -> dict:
 # ----------------------------------------------------------------------------------------------
 # Stage kinds `grpo` and `reterm_grpo`.
 
-def group_rows(groups, *, length: int):
+def group_rows(groups, *, length: int, rows: int | None = None):
     """Rows of whole groups (one rollout per row, reward = strict pass on the last actor token) and
     `is_recovery`; a group with an uncounted episode, several windows or a row longer than
-    `length` is dropped whole.  Returns (batch | None, kept groups, dropped groups)."""
+    `length` is dropped whole.  With `rows`, padded to that many rows (all masks false: no group,
+    no loss; one compiled shape per stage).  Returns (batch | None, kept groups, dropped groups)."""
     from tr.agent.records import episode_to_sequences, pad_sequences
 
     seqs, is_rec, kept, dropped = [], [], [], 0
     for kind, recs in groups:
-        rows = []
+        group = []
         for rec in sorted(recs, key=lambda r: r.rollout_index):
             s = episode_to_sequences(rec, float(bool(rec.passed))) if rec.status.counts else []
             if len(s) != 1 or len(s[0]["tokens"]) > length:
-                rows = None
+                group = None
                 break
-            rows.append(s[0])
-        if not rows:
+            group.append(s[0])
+        if not group:
             dropped += 1
             continue
-        seqs += rows
-        is_rec += [kind == "recovery"] * len(rows)
+        seqs += group
+        is_rec += [kind == "recovery"] * len(group)
         kept.append((kind, recs))
     if not seqs:
         return None, kept, dropped
     batch = pad_sequences(seqs, length)
+    if rows is not None:
+        if len(seqs) > rows:
+            raise ValueError(f"group_rows: {len(seqs)} rows > rows={rows}")
+        batch = {k: np.concatenate([v, np.zeros((rows - len(seqs),) + v.shape[1:], v.dtype)])
+                 for k, v in batch.items()}
+        is_rec += [False] * (rows - len(seqs))
     batch["is_recovery"] = np.asarray(is_rec, bool)
     return batch, kept, dropped
-
 
 
 def _grpo_step(rt: Runtime, g):
@@ -576,7 +582,8 @@ def run_grpo(stage_config, run_dir, *, kind: str = "grpo", **_) -> dict:
             for rec in out.records + out.cancelled:
                 if rec.episode_id not in keep:
                     discard_snapshot_ref(rec.snapshot_ref)
-            batch, _, dropped = group_rows(groups, length=int(g.length))
+            batch, _, dropped = group_rows(groups, length=int(g.length),
+                                           rows=n_groups * int(g.group_size))
             metrics = {}
             if batch is not None:
                 state, m = grpo(state, batch)
