@@ -32,7 +32,7 @@ VARIANTS = ("default", "quick", "queue", "paper")
 QUICK = {"base.demos.tasks": 24, "base.sft.steps": 6, "base.sft.eval_start": 6,
          "base.sft.eval_every": 6, "base.sft.batch": 4, "base.eval.val_count": 4,
          "base.eval.test_count": 4, "base.eval.max_turns": 2, "base.eval.max_output_tokens": 32,
-         "data.train_tasks": 4, "data.attempts": 1, "sft.steps": 2, "sft.batch": 2,
+         "data.train_tasks": 4, "data.attempts": 1, "sft.steps": 2, "sft.batch": 2, "sft.length": 512,
          "grpo.updates": 2, "grpo.group_size": 2, "grpo.m_original": 1, "grpo.m_recovery": 1,
          "eval.test_count": 3, "eval.val_count": 2, "eval.k": 1, "eval.heldout_states": 2,
          "eval.max_turns": 2, "eval.max_output_tokens": 32, "concurrency": 4}
