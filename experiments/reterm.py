@@ -64,7 +64,7 @@ def get_config(variant: str = "default"):
                                              "max_output_tokens": 64, "prompt_bucket": 256})
     c.base.select = ml_collections.ConfigDict({"target": 0.20, "band": (0.10, 0.35)})
     c.data = ml_collections.ConfigDict()
-    c.data.train_tasks = 48                           # Base attempts each `attempts` times
+    c.data.train_tasks = 32                           # Base attempts each `attempts` times
     c.data.attempts = 2
     # the teacher: "embedded" (inspect + gym repair) or "http" (base_url, model: any
     # OpenAI-compatible endpoint); its own budgets (a text policy, not bound to the sampler)
@@ -77,7 +77,7 @@ def get_config(variant: str = "default"):
     c.sft.length = 1024
     c.sft.learning_rate = 1e-3                        # paper: 5e-6 at 9B, batch 16
     c.grpo = ml_collections.ConfigDict()
-    c.grpo.updates = 6
+    c.grpo.updates = 5
     c.grpo.group_size = 4                             # paper: 16
     c.grpo.m_original = 4                             # paper: 8
     c.grpo.m_recovery = 1                             # paper: 2
@@ -90,9 +90,9 @@ def get_config(variant: str = "default"):
     c.queue = ml_collections.ConfigDict({"capacity": 16, "sampling": "front", "sweep": ()})
     c.eval = ml_collections.ConfigDict()
     c.eval.test_count = 64                            # Base's own test count
-    c.eval.val_count = 24                             # val tasks of each stage's retention
+    c.eval.val_count = 16                             # val tasks of each stage's retention
     c.eval.val_every = 0                              # val Pass@1 every N updates (0: last only)
-    c.eval.heldout_states = 24
+    c.eval.heldout_states = 16
     c.eval.k = 2
     c.eval.temperature = 0.6
     c.eval.top_p = 0.95

@@ -28,6 +28,40 @@ def test_quick_runs_end_to_end(tmp_path):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_quick_run(tmp_path / "run", state)
+    # killed after update 1 of reterm_grpo: the rerun skips the finished stages and resumes it
+    before = simulate_kill(tmp_path / "run", "reterm_grpo", keep_step=1)
+    proc = subprocess.run(proc.args, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check_resumed(tmp_path / "run", state, before)
+
+
+def simulate_kill(run: pathlib.Path, stage: str, *, keep_step: int) -> dict:
+    """The state a SIGKILL after checkpoint `keep_step` leaves: later checkpoints, summary.json and
+    the manifest's finished mark gone.  Returns the other stages' summaries (must not change)."""
+    import shutil
+
+    for step_dir in (run / stage / "checkpoints").iterdir():
+        if int(step_dir.name) > keep_step:
+            shutil.rmtree(step_dir)
+    (run / stage / "summary.json").unlink()
+    manifest = json.loads((run / stage / "stage.json").read_text())
+    manifest["finished_step"] = None
+    manifest.pop("actor_hash_after", None)
+    (run / stage / "stage.json").write_text(json.dumps(manifest))
+    return {s: (run / s / "summary.json").read_text() for s in ("sft", "grpo")}
+
+
+def check_resumed(run: pathlib.Path, state: pathlib.Path, before: dict) -> None:
+    for s, text in before.items():
+        assert (run / s / "summary.json").read_text() == text          # not re-run
+    lines = [json.loads(x) for x in (run / "reterm_grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2]                          # update 2 made once
+    assert lines[1]["recovery_groups"] == 0          # the queue is empty after a resume
+    summary = json.loads((run / "reterm_grpo" / "summary.json").read_text())
+    assert summary["retained_step"] == 2 and summary["finished_step"] == 2
+    assert json.loads((run / "report.json").read_text())["stages"]["reterm_grpo"] == summary
+    assert not list(state.glob("snapshots/*"))
 
 
 def check_quick_run(run: pathlib.Path, state: pathlib.Path) -> None:
