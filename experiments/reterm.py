@@ -29,9 +29,7 @@ from tr.train import pod
 
 VARIANTS = ("default", "quick", "queue", "paper")
 
-QUICK = {"base.demos.tasks": 24, "base.sft.steps": 6, "base.sft.eval_start": 6,
-         "base.sft.eval_every": 6, "base.sft.batch": 4, "base.eval.val_count": 4,
-         "base.eval.test_count": 4, "base.eval.max_turns": 2, "base.eval.max_output_tokens": 32,
+QUICK = {"base.variant": "smoke",
          "data.train_tasks": 4, "data.attempts": 1, "sft.steps": 2, "sft.batch": 2, "sft.length": 512,
          "grpo.updates": 2, "grpo.group_size": 2, "grpo.m_original": 1, "grpo.m_recovery": 1,
          "eval.test_count": 3, "eval.val_count": 2, "eval.k": 1, "eval.heldout_states": 2,
@@ -53,16 +51,9 @@ def get_config(variant: str = "default"):
     c.model = "gym"                                   # tr/stages/embedded.py
     c.tokenizer = "tr/stages/gym_tokenizer.json"
     c.concurrency = 16
-    # stage `base`: the gym Base SFT (experiments/base_policy.py's sections and defaults)
-    c.base = ml_collections.ConfigDict()
-    c.base.demos = ml_collections.ConfigDict({"tasks": 448, "p_mistake": 0.3, "p_truncate": 0.2})
-    c.base.sft = ml_collections.ConfigDict({"steps": 240, "batch": 8, "length": 512,
-                                            "learning_rate": 3e-3, "warmup": 20,
-                                            "eval_start": 80, "eval_every": 40})
-    c.base.eval = ml_collections.ConfigDict({"val_count": 32, "test_count": 64, "temperature": 0.6,
-                                             "top_p": 0.95, "max_turns": 5,
-                                             "max_output_tokens": 64, "prompt_bucket": 256})
-    c.base.select = ml_collections.ConfigDict({"target": 0.20, "band": (0.10, 0.35)})
+    # stage `base`: the gym Base SFT (stage kind `base`, tr.stages.base.defaults(variant));
+    # `overrides` holds its sections' fields to change (demos / sft / eval / select)
+    c.base = ml_collections.ConfigDict({"variant": "default", "overrides": {}})
     c.data = ml_collections.ConfigDict()
     c.data.train_tasks = 32                           # Base attempts each `attempts` times
     c.data.attempts = 2
@@ -106,7 +97,6 @@ def get_config(variant: str = "default"):
             for p in path:
                 node = node[p]
             node[field] = value
-        c.base.select.band = (0.0, 1.0)
         c.grpo.batch = (c.grpo.m_original + c.grpo.m_recovery) * c.grpo.group_size
     elif variant == "queue":
         # beyond the paper: every (K, sampling) pair, each a ReTerm-GRPO run from the same SFT

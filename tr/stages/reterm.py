@@ -18,8 +18,8 @@ manifest (`tr.stages.embedded.from_manifest`) and are recorded in the stage's ow
                  ("equal" by default; see tr.rl.losses); the clip range `grpo.eps_low/high` is a
                  config value (the paper gives none)
 
-The `reterm` job (`experiments/reterm.py`) is a config of stages: `base` (the gym Base SFT: stage
-kind `base` when registered, else the `base` job writing the same stage) -> `sft` (reterm_sft) ->
+The `reterm` job (`experiments/reterm.py`) is a config of stages: `base` (stage kind `base`: the
+gym Base SFT, tr/stages/base.py) -> `sft` (reterm_sft) ->
 `grpo` and `reterm_grpo` (both from `sft`) [-> the queue sweep's reterm_grpo stages], then
 
     heldout      failure states collected once from the Base on `test` (fixed for Recovery@k)
@@ -642,9 +642,8 @@ def stage_entries(config) -> list[dict]:
     grpo = {**config.grpo.to_dict(), "length": int(config.sft.length)}
     grpo.pop("batch", None)
     entries = [
-        {"name": "base", "kind": "base", "seed": int(config.seed),
-         "concurrency": int(config.concurrency),
-         **{k: config.base[k].to_dict() for k in ("demos", "sft", "eval", "select")}},
+        {"name": "base", "kind": "base", "variant": config.base.variant, "seed": int(config.seed),
+         "concurrency": int(config.concurrency), **config.base.overrides.to_dict()},
         {**shared, "name": "sft", "kind": "reterm_sft", "actor_from": "base",
          "data": {"attempts": int(config.data.attempts)}, "teacher": config.teacher.to_dict(),
          "sft": config.sft.to_dict()},
@@ -661,30 +660,6 @@ def stage_entries(config) -> list[dict]:
     return entries
 
 
-def run_base(entry: dict, run_dir) -> dict:
-    """Stage `base`: the registered stage kind `base` when there is one, else the `base` job
-    (tr.stages.base) writing the same stage (kind sft, actor only, manifest with model,
-    tokenizer, system prompt) into `run_dir`; not re-run once written."""
-    from tr.stages import registry
-
-    if "base" in registry.STAGE_KINDS:
-        return registry.stage_kind("base")(entry, run_dir)
-    from tr.stages import base as base_lib
-
-    run_dir = pathlib.Path(run_dir)
-    result = run_dir / "base.json"
-    manifest = run_dir / entry["name"] / "stage.json"
-    if result.exists() and manifest.exists() and \
-            json.loads(manifest.read_text()).get("finished_step") is not None:
-        return json.loads(result.read_text())
-    cfg = ml_collections.ConfigDict({
-        "job": "base", "seed": int(entry.get("seed", 0)), "stage": entry["name"],
-        "model": embedded.MODEL, "tokenizer": embedded.TOKENIZER,
-        "concurrency": int(entry.get("concurrency", 16)),
-        **{k: entry[k] for k in ("demos", "sft", "eval", "select")}})
-    return base_lib.run(cfg, run_dir)
-
-
 def run_stages(entries: list[dict], run_dir) -> dict:
     """Runs the entries in order (the `pipeline` job's contract: a finished stage is not re-run, a
     killed one resumes); returns the summaries by stage name."""
@@ -699,10 +674,7 @@ def run_stages(entries: list[dict], run_dir) -> dict:
                               f"earlier stage")
         names.add(entry["name"])
         t0 = time.monotonic()
-        if entry["kind"] == "base":
-            summaries[entry["name"]] = run_base(entry, run_dir)
-        else:
-            summaries[entry["name"]] = stage_kind(entry["kind"])(_merge({}, entry), run_dir)
+        summaries[entry["name"]] = stage_kind(entry["kind"])(_merge({}, entry), run_dir)
         _say(f"stage {entry['name']} ({entry['kind']}) done in {time.monotonic() - t0:.0f}s")
     return summaries
 
