@@ -61,7 +61,9 @@ def get_config(variant: str = "default"):
     # OpenAI-compatible endpoint); its own budgets (a text policy, not bound to the sampler)
     c.teacher = ml_collections.ConfigDict({"kind": "embedded", "base_url": "", "model": "",
                                            "max_turns": 8, "max_output_tokens": 512,
-                                           "max_context_tokens": 8192})
+                                           "max_context_tokens": 8192,
+                                           # the optional LLM judge of flagged recoveries
+                                           "judge_url": "", "judge_model": ""})
     c.sft = ml_collections.ConfigDict()
     c.sft.steps = 30
     c.sft.batch = 8

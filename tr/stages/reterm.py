@@ -92,7 +92,9 @@ def defaults(kind: str) -> ml_collections.ConfigDict:
 def resolve(stage_config, kind: str) -> ml_collections.ConfigDict:
     from tr.stages.common import resolve_stage_config
 
-    config = resolve_stage_config(stage_config, defaults(kind))
+    fields = defaults(kind)
+    fields.lock()                    # an unknown field (top level too) raises, naming it
+    config = resolve_stage_config(stage_config, fields)
     if not config.actor_from:
         raise ConfigError(f"stage {config.name!r} ({kind}) needs actor_from (a stage name)")
     if config.critic_from:
