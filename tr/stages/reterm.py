@@ -649,10 +649,10 @@ def stage_entries(config) -> list[dict]:
         {**shared, "name": "sft", "kind": "reterm_sft", "actor_from": "base",
          "data": {"attempts": int(config.data.attempts)}, "teacher": config.teacher.to_dict(),
          "sft": config.sft.to_dict()},
-        {**shared, "name": "grpo", "kind": "grpo", "actor_from": "sft", "grpo": grpo},
         {**shared, "name": "reterm_grpo", "kind": "reterm_grpo", "actor_from": "sft",
          "grpo": grpo, "queue": {"capacity": int(config.queue.capacity),
                                  "sampling": config.queue.sampling}},
+        {**shared, "name": "grpo", "kind": "grpo", "actor_from": "sft", "grpo": grpo},
     ]
     for capacity, sampling in (config.queue.sweep if config.variant == "queue" else ()):
         # beyond the paper: ReTerm-GRPO from the same SFT actor per (K, sampling)
@@ -660,25 +660,6 @@ def stage_entries(config) -> list[dict]:
                         "kind": "reterm_grpo", "actor_from": "sft", "grpo": grpo,
                         "queue": {"capacity": int(capacity), "sampling": sampling}})
     return entries
-
-
-def run_stages(entries: list[dict], run_dir) -> dict:
-    """Runs the entries in order (the `pipeline` job's contract: a finished stage is not re-run, a
-    killed one resumes); returns the summaries by stage name."""
-    from tr.stages.pipeline import _merge
-    from tr.stages.registry import stage_kind
-
-    summaries, names = {}, set()
-    for i, entry in enumerate(entries):
-        parent = entry.get("actor_from")
-        if parent and parent not in names:
-            raise ConfigError(f"stages[{i}] ({entry['name']}): actor_from={parent!r} is not an "
-                              f"earlier stage")
-        names.add(entry["name"])
-        t0 = time.monotonic()
-        summaries[entry["name"]] = stage_kind(entry["kind"])(_merge({}, entry), run_dir)
-        _say(f"stage {entry['name']} ({entry['kind']}) done in {time.monotonic() - t0:.0f}s")
-    return summaries
 
 
 def evaluate_arm(rt: Runtime, params, name, config, test_tasks, heldout, by_id, workdir) -> dict:
@@ -747,43 +728,56 @@ def run(config, workdir):
     workdir.mkdir(parents=True, exist_ok=True)
     entries = stage_entries(config)
     (workdir / "stages.json").write_text(json.dumps(entries, indent=1, sort_keys=True))
-    summaries = run_stages(entries, workdir)
-    t_stages = time.monotonic() - t_start
+    # Each arm is evaluated as soon as its stage is finished (arms.json grows arm by arm), on
+    # held-out failure states collected once from the Base on test, fixed for every arm.
+    from tr.stages.registry import stage_kind
 
-    rt = runtime(parent_manifest(workdir, "base"), concurrency=int(config.concurrency),
-                 prompt_bucket=int(config.eval.prompt_bucket))
-    params = {e["name"]: load_params(workdir, e["name"], rt) for e in entries}
-    test_tasks = gym.split_tasks("test", config.eval.test_count, seed=config.seed)
-    by_id = {t.id: t for t in test_tasks}
-
-    # Held-out failure states: collected once from the Base on test, fixed for every arm.
-    t0 = time.monotonic()
-    rt.actor.set_params(params["base"])
-    policy = rt.actor.policy(temperature=config.eval.temperature, top_p=config.eval.top_p,
-                             seed=config.seed + 1, name="base")
-    heldout, held_stats = recovery.collect_failures(
-        policy, test_tasks, 1, policy.layout,
-        rollout_config(config, policy, rt.system_prompt, snapshot=True),
-        seed=config.seed + 1, prefix="heldout")
-    recovery.discard_failures(heldout[config.eval.heldout_states:])   # only the first N are kept
-    heldout = heldout[:config.eval.heldout_states]
+    summaries, results, heldout, t_eval = {}, {}, [], 0.0
     try:
-        stage_of = {"base": "base", "sft": "sft", "grpo": "grpo", "reterm_grpo": "reterm_grpo"}
-        arms = {a: evaluate_arm(rt, params[stage_of[a]], a, config, test_tasks, heldout, by_id,
-                                workdir) for a in ARMS}
-        sweep = []
-        for e in entries[4:]:
-            ev = evaluate_arm(rt, params[e["name"]], e["name"], config, test_tasks, heldout,
-                              by_id, workdir)
-            s = summaries[e["name"]]
-            sweep.append({"capacity": e["queue"]["capacity"], "sampling": e["queue"]["sampling"],
-                          "pass_at_1": ev["pass_at_1"], "recovery_at_k": ev["recovery_at_k"],
-                          "mean_turns": ev["mean_turns"], "queue": s["queue"],
-                          "retained_step": s["retained_step"], "wall_s": s["wall_s"]})
-            _say(f"queue sweep: {sweep[-1]}")
+        for i, entry in enumerate(entries):
+            parent = entry.get("actor_from")
+            if parent and parent not in summaries:
+                raise ConfigError(f"stages[{i}] ({entry['name']}): actor_from={parent!r} is not "
+                                  "an earlier stage")
+            t0 = time.monotonic()
+            summaries[entry["name"]] = stage_kind(entry["kind"])(dict(entry), workdir)
+            _say(f"stage {entry['name']} ({entry['kind']}) done in {time.monotonic() - t0:.0f}s")
+            t0 = time.monotonic()
+            if entry["name"] == "base":
+                rt = runtime(parent_manifest(workdir, "base"), concurrency=int(config.concurrency),
+                             prompt_bucket=int(config.eval.prompt_bucket))
+                test_tasks = gym.split_tasks("test", config.eval.test_count, seed=config.seed)
+                by_id = {t.id: t for t in test_tasks}
+                rt.actor.set_params(load_params(workdir, "base", rt))
+                policy = rt.actor.policy(temperature=config.eval.temperature,
+                                         top_p=config.eval.top_p, seed=config.seed + 1, name="base")
+                heldout, held_stats = recovery.collect_failures(
+                    policy, test_tasks, 1, policy.layout,
+                    rollout_config(config, policy, rt.system_prompt, snapshot=True),
+                    seed=config.seed + 1, prefix="heldout")
+                recovery.discard_failures(heldout[config.eval.heldout_states:])   # the first N kept
+                heldout = heldout[:config.eval.heldout_states]
+            results[entry["name"]] = evaluate_arm(rt, load_params(workdir, entry["name"], rt),
+                                                  entry["name"], config, test_tasks, heldout, by_id,
+                                                  workdir)
+            t_eval += time.monotonic() - t0
+            (workdir / "arms.json").write_text(json.dumps(results, indent=1, sort_keys=True))
+            r = results[entry["name"]]
+            _say(f"arm {entry['name']}: Pass@1 {r['pass_at_1']:.3f} ({r['passed']}/"
+                 f"{r['episodes']}), Recovery@{r['k']} {r['recovery_at_k']:.3f} "
+                 f"({r['recovery']['recovered']}/{r['recovery']['states']})")
     finally:
         recovery.discard_failures(heldout)
-    t_eval = time.monotonic() - t0
+    t_stages = time.monotonic() - t_start - t_eval
+    stage_of = {"base": "base", "sft": "sft", "grpo": "grpo", "reterm_grpo": "reterm_grpo"}
+    arms = {a: results[stage_of[a]] for a in ARMS}
+    sweep = []
+    for e in entries[4:]:
+        ev, s = results[e["name"]], summaries[e["name"]]
+        sweep.append({"capacity": e["queue"]["capacity"], "sampling": e["queue"]["sampling"],
+                      "pass_at_1": ev["pass_at_1"], "recovery_at_k": ev["recovery_at_k"],
+                      "mean_turns": ev["mean_turns"], "queue": s["queue"],
+                      "retained_step": s["retained_step"], "wall_s": s["wall_s"]})
 
     dataset = summaries["sft"]["dataset"]
     reterm_summary = summaries["reterm_grpo"]
