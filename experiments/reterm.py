@@ -29,11 +29,11 @@ from tr.train import pod
 
 VARIANTS = ("default", "quick", "queue", "paper")
 
-QUICK = {"base.demos.tasks": 16, "base.steps": 4, "base.batch": 4, "data.train_tasks": 4,
-         "data.attempts": 1, "sft.steps": 2, "sft.batch": 2, "grpo.updates": 2,
-         "grpo.group_size": 2, "grpo.m_original": 1, "grpo.m_recovery": 1,
-         "eval.test_count": 3, "eval.k": 1, "eval.heldout_states": 2, "eval.max_turns": 2,
-         "eval.max_output_tokens": 32, "concurrency": 4}
+QUICK = {"base.variant": "smoke",
+         "data.train_tasks": 4, "data.attempts": 1, "sft.steps": 2, "sft.batch": 2, "sft.length": 512,
+         "grpo.updates": 2, "grpo.group_size": 2, "grpo.m_original": 1, "grpo.m_recovery": 1,
+         "eval.test_count": 3, "eval.val_count": 2, "eval.k": 1, "eval.heldout_states": 2,
+         "eval.max_turns": 2, "eval.max_output_tokens": 32, "concurrency": 4}
 # The pod form's local smoke run (tests/test_launchers.py) must take seconds: it loads and validates
 # the config (the paper variant's path); the pipeline itself runs in tests/test_reterm.py (quick).
 SMOKE_FLAGS = ("--config.variant=paper",)
@@ -51,26 +51,26 @@ def get_config(variant: str = "default"):
     c.model = "gym"                                   # tr/stages/embedded.py
     c.tokenizer = "tr/stages/gym_tokenizer.json"
     c.concurrency = 16
-    c.base = ml_collections.ConfigDict()
-    c.base.demos = ml_collections.ConfigDict({"tasks": 256, "p_mistake": 0.3, "p_truncate": 0.2})
-    c.base.steps = 60
-    c.base.batch = 8
-    c.base.learning_rate = 3e-3
+    # stage `base`: the gym Base SFT (stage kind `base`, tr.stages.base.defaults(variant));
+    # `overrides` holds its sections' fields to change (demos / sft / eval / select)
+    c.base = ml_collections.ConfigDict({"variant": "default", "overrides": {}})
     c.data = ml_collections.ConfigDict()
-    c.data.train_tasks = 48                           # Base attempts each `attempts` times
+    c.data.train_tasks = 32                           # Base attempts each `attempts` times
     c.data.attempts = 2
     # the teacher: "embedded" (inspect + gym repair) or "http" (base_url, model: any
     # OpenAI-compatible endpoint); its own budgets (a text policy, not bound to the sampler)
     c.teacher = ml_collections.ConfigDict({"kind": "embedded", "base_url": "", "model": "",
                                            "max_turns": 8, "max_output_tokens": 512,
-                                           "max_context_tokens": 8192})
+                                           "max_context_tokens": 8192,
+                                           # the optional LLM judge of flagged recoveries
+                                           "judge_url": "", "judge_model": ""})
     c.sft = ml_collections.ConfigDict()
     c.sft.steps = 30
     c.sft.batch = 8
     c.sft.length = 1024
     c.sft.learning_rate = 1e-3                        # paper: 5e-6 at 9B, batch 16
     c.grpo = ml_collections.ConfigDict()
-    c.grpo.updates = 6
+    c.grpo.updates = 4
     c.grpo.group_size = 4                             # paper: 16
     c.grpo.m_original = 4                             # paper: 8
     c.grpo.m_recovery = 1                             # paper: 2
@@ -82,8 +82,10 @@ def get_config(variant: str = "default"):
     c.grpo.group_weighting = "equal"                  # or "literal"
     c.queue = ml_collections.ConfigDict({"capacity": 16, "sampling": "front", "sweep": ()})
     c.eval = ml_collections.ConfigDict()
-    c.eval.test_count = 32
-    c.eval.heldout_states = 24
+    c.eval.test_count = 64                            # Base's own test count
+    c.eval.val_count = 16                             # val tasks of each stage's retention
+    c.eval.val_every = 0                              # val Pass@1 every N updates (0: last only)
+    c.eval.heldout_states = 16
     c.eval.k = 2
     c.eval.temperature = 0.6
     c.eval.top_p = 0.95

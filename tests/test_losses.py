@@ -335,6 +335,23 @@ class ReTermWeightingTest(parameterized.TestCase):
         with self.assertRaisesRegex(ValueError, "weighting='mean'"):
             reterm_token_weights(group_ids, is_recovery, mask, weighting="mean")
 
+    @parameterized.parameters("equal", "literal")
+    def test_padding_groups_change_nothing(self, weighting):
+        # 4 original + 1 recovery groups of 4, padded with 3 groups of all-false rows to a fixed
+        # shape: the real rows' weights are those of the unpadded batch (padding is no group)
+        rng = np.random.default_rng(3)
+        mask = rng.random((20, 9)) < 0.6
+        mask[:, 0] = True
+        group_ids = np.arange(20, dtype=np.int32) // 4
+        is_recovery = group_ids == 4
+        w = np.asarray(reterm_token_weights(group_ids, is_recovery, mask, weighting=weighting))
+        pad_mask = np.concatenate([mask, np.zeros((12, 9), bool)])
+        pad_ids = np.arange(32, dtype=np.int32) // 4
+        pad_rec = np.concatenate([is_recovery, np.zeros(12, bool)])
+        wp = np.asarray(reterm_token_weights(pad_ids, pad_rec, pad_mask, weighting=weighting))
+        np.testing.assert_allclose(wp[:20], w, rtol=1e-6)
+        assert not wp[20:].any()
+
     def test_weighted_loss_accumulates_over_micro_batches(self):
         b, group_ids, is_recovery = self._setup()
         b["w"] = np.asarray(reterm_token_weights(group_ids, is_recovery, b["mask"]))  # whole update

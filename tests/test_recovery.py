@@ -166,6 +166,39 @@ def test_filters_by_rule_and_the_optional_judge():
     assert rc.filter_recovery(looping, instr, rc.HttpJudge(Judge("REJECT")))[0] == "efficiency"
 
 
+def test_llm_judge_through_a_real_http_endpoint():
+    """The optional judge as deployed: HttpJudge -> HttpPolicy -> a local OpenAI-compatible server
+    (tr.agent.server) whose model answers KEEP or REJECT from the prompt it was sent."""
+    from tr.agent.http_policy import HttpPolicy
+    from tr.agent.server import ChatServer
+
+    class RuleJudge:     # the served "LLM": rejects a recovery whose commands delete anything
+        name = "rule-judge"
+
+        def __init__(self):
+            self.prompts = []
+
+        def generate(self, reqs):
+            self.prompts += [r.messages[-1]["content"] for r in reqs]
+            return [Generation(text="REJECT" if " rm " in f" {r.messages[-1]['content']}" else
+                               "KEEP: fine") for r in reqs]
+
+    instr = "Copy /app/data/a.txt to /app/backup/a.bak and keep the original file."
+    served = RuleJudge()
+    with ChatServer(served, ChatLayout(ByteTokenizer())) as server:
+        judge = rc.HttpJudge(HttpPolicy(server.url, "rule-judge", temperature=0.0, top_p=1.0,
+                                        source="judge", retries=1, timeout_s=30))
+        looping = _rec(["cp x y", "cp x y", "ls"], exit_codes=[1, 1, 0])
+        assert rc.filter_recovery(looping, instr, judge)[0] is None          # flagged, kept
+        deleting = _rec(["rm data/a.txt"])
+        assert rc.filter_recovery(deleting, instr, judge)[0] == "compliance"  # flagged, rejected
+        clean = _rec(["cp data/a.txt backup/a.bak"])
+        assert rc.filter_recovery(clean, instr, judge)[0] is None            # never asked
+    assert len(served.prompts) == 2
+    assert "wastes turns" in served.prompts[0] and "acts against" in served.prompts[1]
+    assert instr in served.prompts[1]
+
+
 def test_error_categories_by_rule():
     assert rc.error_category(_rec(["ls"], status=EpisodeStatus.TURN_CAP)) == "resource_management"
     assert rc.error_category(_rec(["pyhton x"], exit_codes=[127])) == "tool_use"

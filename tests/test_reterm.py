@@ -12,7 +12,7 @@ import ml_collections
 import pytest
 
 from tr.stages import reterm
-from tr.stages.registry import ConfigError, resolve
+from tr.stages.registry import ConfigError, resolve, stage_kind
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -25,9 +25,47 @@ def test_quick_runs_end_to_end(tmp_path):
            "TR_SANDBOX_STATE_DIR": str(state)}
     proc = subprocess.run([sys.executable, "experiments/main.py",
                            "--config=experiments/reterm.py:quick", f"--workdir={tmp_path / 'run'}"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    run = tmp_path / "run"
+    check_quick_run(tmp_path / "run", state)
+    # killed after update 1 of reterm_grpo: the rerun skips the finished stages and resumes it
+    before = simulate_kill(tmp_path / "run", "reterm_grpo", keep_step=1)
+    proc = subprocess.run(proc.args, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check_resumed(tmp_path / "run", state, before)
+
+
+def simulate_kill(run: pathlib.Path, stage: str, *, keep_step: int) -> dict:
+    """The state a SIGKILL after checkpoint `keep_step` leaves: later checkpoints, summary.json and
+    the manifest's finished mark gone.  Returns the other stages' summaries (must not change)."""
+    import shutil
+
+    for step_dir in (run / stage / "checkpoints").iterdir():
+        if int(step_dir.name) > keep_step:
+            shutil.rmtree(step_dir)
+    (run / stage / "summary.json").unlink()
+    manifest = json.loads((run / stage / "stage.json").read_text())
+    manifest["finished_step"] = None
+    manifest.pop("actor_hash_after", None)
+    (run / stage / "stage.json").write_text(json.dumps(manifest))
+    return {s: (run / s / "summary.json").read_text() for s in ("sft", "grpo")}
+
+
+def check_resumed(run: pathlib.Path, state: pathlib.Path, before: dict) -> None:
+    for s, text in before.items():
+        assert (run / s / "summary.json").read_text() == text          # not re-run
+    lines = [json.loads(x) for x in (run / "reterm_grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2]                          # update 2 made once
+    assert lines[1]["recovery_groups"] == 0          # the queue is empty after a resume
+    summary = json.loads((run / "reterm_grpo" / "summary.json").read_text())
+    assert summary["retained_step"] == 2 and summary["finished_step"] == 2
+    assert json.loads((run / "report.json").read_text())["stages"]["reterm_grpo"] == summary
+    assert not list(state.glob("snapshots/*"))
+
+
+def check_quick_run(run: pathlib.Path, state: pathlib.Path) -> None:
+    """The quick run's outputs (also usable on a run made by hand with the same command)."""
     report = json.loads((run / "report.json").read_text())
     assert report["experiment"] == "reterm" and report["variant"] == "quick"
     assert report["seed"] == 0 and report["wall_s"] > 0
@@ -41,7 +79,7 @@ def test_quick_runs_end_to_end(tmp_path):
     assert d["kept"] + sum(d["rejected_by"].values()) == d["recoveries"] == d["failures"]
     q = report["queue"]
     assert q["capacity"] == 16 and q["inserted"] >= 0 and q["evicted"] == max(0, q["inserted"] - 16)
-    shards = sorted((run / "reterm-data").glob("recoveries-*.jsonl"))
+    shards = sorted((run / "sft" / "data").glob("recoveries-*.jsonl"))
     rows = [json.loads(line) for p in shards for line in p.read_text().splitlines()]
     assert len(rows) == d["kept"]
     for row in rows:
@@ -50,8 +88,20 @@ def test_quick_runs_end_to_end(tmp_path):
     assert (run / "reward_curves.png").stat().st_size > 1000
     for stage in ("grpo", "reterm_grpo"):
         assert (run / stage / "metrics.jsonl").read_text().count("\n") == 2
+    # every stage is a finished stage of the store: manifest (model, tokenizer, system prompt
+    # handed down from base), summary.json with the step retained on val
+    base_manifest = json.loads((run / "base" / "stage.json").read_text())
+    for stage, parent in (("sft", "base"), ("grpo", "sft"), ("reterm_grpo", "sft")):
+        manifest = json.loads((run / stage / "stage.json").read_text())
+        summary = json.loads((run / stage / "summary.json").read_text())
+        assert manifest["finished_step"] is not None and manifest["parents"]["actor"]["stage"] == parent
+        for field in ("model", "tokenizer", "system_prompt"):
+            assert manifest["config"][field] == base_manifest["config"][field]
+        assert summary["retained_step"] == manifest["finished_step"]
+        assert summary["val"] and summary["val"][-1]["step"] == summary["retained_step"]
+    assert json.loads((run / "stages.json").read_text())[1]["kind"] == "reterm_sft"
     # the teacher recovers from real failure states; the second ReTerm update has recovery groups
-    assert d["kept"] >= 1 and report["stages"]["reterm_sft"]["rows"] >= 1
+    assert d["kept"] >= 1 and report["stages"]["sft"]["rows"] >= 1
     curve = report["curves"]["reterm_grpo"]
     assert curve[1]["recovery_groups"] == min(1, q["inserted"]) and q["sampled"] == curve[1]["recovery_groups"]
     # nothing leaked: every persisted snapshot of the run was discarded
@@ -90,6 +140,27 @@ def test_bad_config_values_are_named(tmp_path):
 
 def test_job_and_stage_kinds_are_registered():
     assert resolve("reterm") is reterm.run
-    assert set(reterm.STAGES) == {"reterm_sft", "reterm_grpo"}
-    assert reterm.run_sft and reterm.run_grpo
+    assert stage_kind("reterm_sft") is reterm.run_sft
+    assert stage_kind("grpo") is reterm.run_grpo
+    assert stage_kind("reterm_grpo") is reterm.run_reterm_grpo
     assert isinstance(reterm_config.get_config("queue").queue, ml_collections.ConfigDict)
+
+
+def test_stage_config_errors_are_named(tmp_path):
+    cases = (({"name": "g", "kind": "grpo"}, reterm.run_grpo, "needs actor_from"),
+             ({"name": "g", "kind": "grpo", "actor_from": "sft", "critic_from": "fresh"},
+              reterm.run_grpo, "trains no critic"),
+             ({"name": "g", "kind": "grpo", "actor_from": "sft", "grpo": {"updates": 0}},
+              reterm.run_grpo, "grpo.updates must be >= 1"),
+             ({"name": "r", "kind": "reterm_grpo", "actor_from": "sft",
+               "queue": {"sampling": "lifo"}}, reterm.run_reterm_grpo, "queue.sampling = 'lifo'"),
+             ({"name": "s", "kind": "reterm_sft", "actor_from": "base", "nope": 1},
+              reterm.run_sft, "unknown config field"),
+             ({"name": "s", "kind": "reterm_sft", "actor_from": "base",
+               "teacher": {"kind": "oracle"}}, reterm.run_sft, "teacher.kind = 'oracle'"),
+             ({"name": "s", "kind": "reterm_sft", "actor_from": "base"}, reterm.run_sft,
+              "stage 'base' named as a parent has no manifest"))
+    for entry, fn, match in cases:
+        with pytest.raises(ConfigError, match=match):
+            fn(entry, tmp_path)
+    assert not list(tmp_path.iterdir())     # nothing written for a refused stage

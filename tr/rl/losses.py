@@ -312,6 +312,9 @@ def reterm_token_weights(
       is_recovery: [B] whether the row belongs to a recovery group (constant within a group).
       mask: [B, L] tokens with a policy loss.
       num_groups: static upper bound on group ids (default ``B``).
+
+    A group without masked tokens (padding rows to a fixed batch shape) is not counted in
+    ``M_O``/``M_R``.
     """
     group_ids = jnp.asarray(group_ids)
     is_recovery = jnp.asarray(is_recovery, bool)
@@ -333,7 +336,7 @@ def reterm_token_weights(
     rows_per_group = jax.ops.segment_sum(jnp.ones((batch,), jnp.float32), group_ids, num_groups)
     tokens_per_group = jax.ops.segment_sum(tokens_per_row, group_ids, num_groups)
     recovery_rows = jax.ops.segment_sum(is_recovery.astype(jnp.float32), group_ids, num_groups)
-    present = rows_per_group > 0
+    present = tokens_per_group > 0     # padding rows (no masked token) form no group
     group_is_recovery = recovery_rows > 0
     m_recovery = jnp.sum(present & group_is_recovery).astype(jnp.float32)
     m_original = jnp.sum(present & ~group_is_recovery).astype(jnp.float32)

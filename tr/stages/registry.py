@@ -19,6 +19,9 @@ STAGE_KINDS: dict[str, str] = {
         "warmup": "tr.stages.warmup:run",
         "rpr": "tr.stages.rpr:run",
         "base": "tr.stages.base:run_stage",
+        "reterm_sft": "tr.stages.reterm:run_sft",
+        "grpo": "tr.stages.reterm:run_grpo",
+        "reterm_grpo": "tr.stages.reterm:run_reterm_grpo",
 }
 
 

@@ -1,26 +1,32 @@
 """ReTerm end to end on the gym (issue 15, SPEC §6): Base -> SFT -> GRPO -> ReTerm-GRPO.
 
-    base         the embedded model SFT-trained on the scripted teacher's demos
-                 (`tr.stages.base.make_demos`, a fixed step count; the Base actor)
-    data         the Base attempts `train` tasks N times (pre-verifier snapshots); each failure is
-                 continued by the teacher (embedded: inspect + gym repair; or an HTTP endpoint)
-                 from its restored s_f; four filters; JSONL shards (`tr.agent.recovery`)
-    heldout      failure states collected once from the Base on `test` (fixed for Recovery@k)
-    reterm_sft   SFT from Base on the kept rows: input (x, h_f, r condensed), loss on teacher tokens
-    grpo         GRPO from SFT: (M_O + M_R) original groups of G per update (compute-matched)
-    reterm_grpo  ReTerm-GRPO from SFT: M_O original + M_R recovery groups from the queue (front
-                 insert, front-first sampling, capacity K, oldest evicted with its snapshot);
-                 rewards = strict pass, group-normalised advantages (population std + δ), groups
-                 weighted by `grpo.group_weighting` ("equal" by default; see tr.rl.losses)
-    report       per arm: Pass@1 on `test`, Recovery@k on the held-out failure states (and by
-                 rule-based error category), mean turns and generated tokens per episode;
-                 dataset counts and rejections per filter; queue counts; reward curves of
-                 original and recovery groups -> report.json, report.md, reward_curves.png
+Three pipeline stage kinds (`tr.stages.registry.STAGE_KINDS`), each `run(stage_config, run_dir)`
+over the run's stage store (actor only, no critic; resumable; `summary.json` with the step
+retained on `val`).  The model, tokenizer and system prompt come from the `actor_from` stage's
+manifest (`tr.stages.embedded.from_manifest`) and are recorded in the stage's own manifest:
 
-The stages `reterm_sft` and `reterm_grpo` are :func:`run_sft` and :func:`run_grpo` (named in
-:data:`STAGES`).  They take and return parameters in memory (the `reterm` job chains them); they
-are not yet pipeline stage kinds (`tr.stages.registry.STAGE_KINDS`: `run(stage_config, run_dir)`
-over the loop's stage store), which is the next step.
+    reterm_sft   data: the parent actor attempts `train` tasks N times (pre-verifier snapshots);
+                 each failure is continued by the teacher (embedded: inspect + gym repair; or an
+                 HTTP endpoint) from its restored s_f; four filters; JSONL shards in
+                 `<stage>/data/` (kept on resume).  Then SFT on the kept rows: input
+                 (x, h_f, r condensed), loss on teacher tokens only.
+    grpo         GRPO: (M_O + M_R) original groups of G per update (compute-matched with ReTerm)
+    reterm_grpo  ReTerm-GRPO: M_O original + M_R recovery groups from the queue (front insert,
+                 front-first sampling, capacity K, oldest evicted with its snapshot; a resumed
+                 stage starts with an empty queue); rewards = strict pass, group-normalised
+                 advantages (population std + δ), groups weighted by `grpo.group_weighting`
+                 ("equal" by default; see tr.rl.losses); the clip range `grpo.eps_low/high` is a
+                 config value (the paper gives none)
+
+The `reterm` job (`experiments/reterm.py`) is a config of stages: `base` (stage kind `base`: the
+gym Base SFT, tr/stages/base.py) -> `sft` (reterm_sft) ->
+`grpo` and `reterm_grpo` (both from `sft`) [-> the queue sweep's reterm_grpo stages], then
+
+    heldout      failure states collected once from the Base on `test` (fixed for Recovery@k)
+    report       per arm (the stage's retained step): Pass@1 on `test`, Recovery@k on the
+                 held-out states (and by rule-based error category), mean turns and generated
+                 tokens per episode; dataset counts and rejections per filter; queue counts; reward
+                 curves of original and recovery groups -> report.json, report.md, reward_curves.png
 """
 
 from __future__ import annotations
@@ -31,17 +37,100 @@ import pathlib
 import random
 import time
 
+import ml_collections
 import numpy as np
 
 from tr.stages import embedded
 from tr.stages.registry import ConfigError
 
 ARMS = ("base", "sft", "grpo", "reterm_grpo")
-STAGES = {"reterm_sft": "tr.stages.reterm:run_sft", "reterm_grpo": "tr.stages.reterm:run_grpo"}
+KINDS = ("reterm_sft", "grpo", "reterm_grpo")
 
 
 # ----------------------------------------------------------------------------------------------
-# The actor: one model, one sampler, parameters swapped in place.
+# Stage configs.
+
+def defaults(kind: str) -> ml_collections.ConfigDict:
+    """The fields of a `reterm_sft` / `grpo` / `reterm_grpo` stage entry (sizes: CPU scale; the
+    paper's in comments)."""
+    if kind not in KINDS:
+        raise ConfigError(f"stage kind {kind!r}: expected one of {KINDS}")
+    c = ml_collections.ConfigDict({
+        "name": "", "kind": kind, "actor_from": "", "critic_from": "", "seed": 0,
+        "concurrency": 16,                       # sandboxes at once = the sampler's batch
+        "tasks": {"train_count": 48, "val_count": 32, "seed": 0},      # gym splits
+        "eval": {"every": 0,                     # val Pass@1 every N updates (0: at the end only)
+                 "at_start": False,              # also the handed-off actor (may be retained)
+                 "temperature": 0.6, "top_p": 0.95, "max_turns": 5, "max_output_tokens": 64,
+                 "prompt_bucket": 256},
+        "checkpoint": {"save_every": 1},
+    })
+    if kind == "reterm_sft":
+        c.data = {"attempts": 2, "temperature": 1.0}
+        # "embedded" (inspect + gym repair) or "http" (any OpenAI-compatible endpoint); its own
+        # budgets (a text policy, not bound to the sampler); judge_url: the optional LLM judge
+        # of flagged recoveries (compliance, efficiency), else a flag rejects
+        c.teacher = {"kind": "embedded", "base_url": "", "model": "", "max_turns": 8,
+                     "max_output_tokens": 512, "max_context_tokens": 8192,
+                     "judge_url": "", "judge_model": ""}
+        c.sft = {"steps": 30, "batch": 8, "length": 1024,
+                 "learning_rate": 1e-3}          # paper: 5e-6 at 9B, batch 16
+        c.checkpoint.save_every = 10
+    else:
+        c.grpo = {"updates": 6, "group_size": 4,            # paper: 16
+                  "m_original": 4, "m_recovery": 1,         # paper: 8, 2
+                  "learning_rate": 3e-4,                    # paper: 5e-7 at 9B
+                  "eps_low": 0.30, "eps_high": 5.00,        # not in the paper: SPEC §4 defaults
+                  "std_eps": 1e-6,                          # δ of the group normalisation
+                  "group_weighting": "equal",               # or "literal" (tr/rl/losses.py)
+                  "length": 1024}
+        if kind == "reterm_grpo":
+            c.queue = {"capacity": 16, "sampling": "front"}
+    return c
+
+
+def resolve(stage_config, kind: str) -> ml_collections.ConfigDict:
+    from tr.stages.common import resolve_stage_config
+
+    fields = defaults(kind)
+    fields.lock()                    # an unknown field (top level too) raises, naming it
+    config = resolve_stage_config(stage_config, fields)
+    if not config.actor_from:
+        raise ConfigError(f"stage {config.name!r} ({kind}) needs actor_from (a stage name)")
+    if config.critic_from:
+        raise ConfigError(f"stage {config.name!r} ({kind}): critic_from = "
+                          f"{config.critic_from!r}, but {kind} trains no critic")
+    sections = {"reterm_sft": ("sft.steps", "sft.batch", "sft.length", "data.attempts"),
+                "grpo": ("grpo.updates", "grpo.group_size", "grpo.m_original", "grpo.length")}
+    for path in sections.get(kind, sections["grpo"]) + ("tasks.train_count", "concurrency"):
+        node = config
+        for p in path.split("."):
+            node = node[p]
+        if int(node) < 1:
+            raise ConfigError(f"stage {config.name!r}: {path} must be >= 1, got {node}")
+    if kind != "reterm_sft":
+        if config.grpo.m_recovery < 0:
+            raise ConfigError(f"stage {config.name!r}: grpo.m_recovery must be >= 0, got "
+                              f"{config.grpo.m_recovery}")
+        if config.grpo.group_weighting not in ("equal", "literal"):
+            raise ConfigError(f"stage {config.name!r}: grpo.group_weighting = "
+                              f"{config.grpo.group_weighting!r}: expected 'equal' or 'literal'")
+    if kind == "reterm_grpo":
+        if config.queue.sampling not in ("front", "uniform"):
+            raise ConfigError(f"stage {config.name!r}: queue.sampling = {config.queue.sampling!r}"
+                              ": expected 'front' or 'uniform'")
+        if config.queue.capacity < 1:
+            raise ConfigError(f"stage {config.name!r}: queue.capacity must be >= 1, got "
+                              f"{config.queue.capacity}")
+    if kind == "reterm_sft" and config.teacher.kind not in ("embedded", "http"):
+        raise ConfigError(f"stage {config.name!r}: teacher.kind = {config.teacher.kind!r}: "
+                          "expected 'embedded' or 'http'")
+    return config
+
+
+# ----------------------------------------------------------------------------------------------
+# The runtime: one model graph, sampler and compiled steps per (model, tokenizer) in a process,
+# shared by the stages and the arms' evaluation (parameters are swapped in place).
 
 class Actor:
     def __init__(self, model, tokenizer, *, concurrency: int, prompt_bucket: int):
@@ -68,230 +157,537 @@ class Actor:
                            seed=seed * 1000 + self.calls, name=name)
 
 
-def _rollout_config(config, policy, *, snapshot: bool = False):
+@dataclasses.dataclass
+class Runtime:
+    model_name: str
+    tokenizer_spec: str
+    system_prompt: str
+    tokenizer: object
+    fns: object
+    actor: Actor
+    steps: dict          # compiled update steps by their hyper-parameters
+
+
+_RUNTIMES: dict = {}
+
+
+def parent_manifest(run_dir, stage: str) -> dict:
+    path = pathlib.Path(run_dir) / stage / "stage.json"
+    if not path.exists():
+        raise ConfigError(f"stage {stage!r} named as a parent has no manifest {path}")
+    return json.loads(path.read_text())
+
+
+def runtime(manifest: dict, *, concurrency: int, prompt_bucket: int) -> Runtime:
+    """The model, tokenizer and system prompt a stage manifest names (`embedded.from_manifest`),
+    built once per process."""
+    from flax import nnx
+
+    from tr.models.decoder import Decoder
+    from tr.train.model_fns import nnx_model_fns
+
+    cfg = manifest.get("config") or {}
+    try:
+        model_config, tokenizer, system_prompt = embedded.from_manifest(manifest)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    key = (cfg["model"], cfg["tokenizer"], system_prompt, concurrency, prompt_bucket)
+    if key not in _RUNTIMES:
+        model = Decoder(model_config, rngs=nnx.Rngs(0))
+        _RUNTIMES[key] = Runtime(cfg["model"], cfg["tokenizer"], system_prompt, tokenizer,
+                                 nnx_model_fns(model),
+                                 Actor(model, tokenizer, concurrency=concurrency,
+                                       prompt_bucket=prompt_bucket), {})
+    return _RUNTIMES[key]
+
+
+def retained_step(run_dir, stage: str) -> int | None:
+    """A stage's retained step (`summary.json`), else None (its latest checkpoint)."""
+    path = pathlib.Path(run_dir) / stage / "summary.json"
+    return json.loads(path.read_text()).get("retained_step") if path.exists() else None
+
+
+def load_params(run_dir, stage: str, rt: Runtime, step: int | None = None):
+    """The actor parameters of `stage` at `step` (default: its retained step, else latest)."""
+    from tr.train.checkpoint import StageStore
+
+    step = retained_step(run_dir, stage) if step is None else step
+    with StageStore(run_dir, stage, read_only=True) as store:
+        resolved = store._resolve_step(step)  # pylint: disable=protected-access
+        return store.restore_item("actor_params", rt.fns.actor_params, resolved)
+
+
+@dataclasses.dataclass
+class Opened:
+    config: ml_collections.ConfigDict
+    rt: Runtime
+    state: object
+    store: object
+    stage_dir: pathlib.Path
+    closed: bool = False
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.store.close()
+
+
+def open_stage(config, run_dir, *, kind: str, optimizer_config) -> Opened:
+    """The stage's state: resumed from its own checkpoints, else the parent's retained actor with
+    a fresh optimizer (`tr.train.checkpoint.start_stage`); the manifest records the parent's
+    model, tokenizer and system prompt."""
+    from tr.train import checkpoint as ckpt
+    from tr.train.optim import make_optimizer
+    from tr.train.state import abstract_state, create_train_state
+
+    parent = parent_manifest(run_dir, config.actor_from)
+    rt = runtime(parent, concurrency=int(config.concurrency),
+                 prompt_bucket=int(config.eval.prompt_bucket))
+    optimizer = make_optimizer(optimizer_config)
+    init = create_train_state(actor_params=rt.fns.actor_params, actor_optimizer=optimizer,
+                              seed=int(config.seed))
+    manifest_config = {**config.to_dict(), "model": rt.model_name, "tokenizer": rt.tokenizer_spec,
+                       "system_prompt": rt.system_prompt}
+    state, store = ckpt.start_stage(
+        run_dir, config.name, kind=kind, target=abstract_state(init),
+        actor=ckpt.Side(ckpt.StageRef(config.actor_from, retained_step(run_dir, config.actor_from)),
+                        optimizer),
+        config=manifest_config, seed=int(config.seed),
+        store_options=ckpt.StoreOptions(save_every=int(config.checkpoint.save_every),
+                                        async_save=False))
+    return Opened(config, rt, state, store, pathlib.Path(run_dir) / config.name)
+
+
+def rollout_config(config, policy, system_prompt: str, *, snapshot: bool = False):
     from tr.agent.rollout import RolloutConfig
 
-    budgets = policy.budgets(config.eval.max_output_tokens, max_turns=config.eval.max_turns,
-                             summarise_at_tokens=None)
-    return RolloutConfig(concurrency=config.concurrency, progress=False, batch_window_s=0.0,
+    budgets = policy.budgets(int(config.eval.max_output_tokens),
+                             max_turns=int(config.eval.max_turns), summarise_at_tokens=None)
+    return RolloutConfig(concurrency=int(config.concurrency), progress=False, batch_window_s=0.0,
                          budgets=budgets, snapshot_before_verify=snapshot,
-                         system_prompt=embedded.SYSTEM_PROMPT)
+                         system_prompt=system_prompt)
+
+
+class ValLog:
+    """`eval-val.jsonl`: one line per evaluated step (step, pass@1, episodes); the retained step
+    is the best val Pass@1 (ties: the later step)."""
+
+    def __init__(self, stage_dir: pathlib.Path):
+        self.path = stage_dir / "eval-val.jsonl"
+
+    def lines(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        return [json.loads(x) for x in self.path.read_text().splitlines() if x.strip()]
+
+    def evaluate(self, opened: Opened, step: int, params, tasks) -> None:
+        from tr.agent.rollout import group_specs, run_rollouts
+
+        if not tasks or any(line["step"] == step for line in self.lines()):
+            return
+        config, rt = opened.config, opened.rt
+        rt.actor.set_params(params)
+        policy = rt.actor.policy(temperature=float(config.eval.temperature),
+                                 top_p=float(config.eval.top_p), seed=10_000 + int(config.seed),
+                                 name=f"{config.name}-val")
+        out = run_rollouts(group_specs(tasks, 1, seed=10_000 + int(config.seed), prefix="val"),
+                           policy, policy.layout, rollout_config(config, policy, rt.system_prompt))
+        counted = [r for r in out.records if r.status.counts]
+        line = {"step": step, "pass@1": float(np.mean([bool(r.passed) for r in counted]))
+                if counted else 0.0, "episodes": len(counted)}
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(line, sort_keys=True) + "\n")
+        print(f"[{config.name}] val at step {step}: pass@1 {line['pass@1']:.3f}", flush=True)
+
+    def retained(self) -> dict | None:
+        lines = self.lines()
+        return max(lines, key=lambda x: (x["pass@1"], x["step"])) if lines else None
+
+
+def _eval_due(step: int, total: int, every: int) -> bool:
+    return step == total or (every > 0 and step % every == 0)
+
+
+def _finish(opened: Opened, state, summary: dict, val: ValLog) -> dict:
+    from tr.stages.handoff import finish_stage
+
+    retained = val.retained()
+    summary = {**summary, "val": val.lines(),
+               "retained_step": None if retained is None else retained["step"],
+               "retained_val_pass@1": None if retained is None else retained["pass@1"]}
+    holder = dataclasses.make_dataclass("O", ["store", "stage_dir"])(opened.store, opened.stage_dir)
+    opened.closed = True      # finish_stage closes the store
+    return finish_stage(holder, state, summary)
+
+
+def _truncate_metrics(path: pathlib.Path, step: int) -> None:
+    """Drops the metrics lines past `step` (written by a run killed before its checkpoint)."""
+    if path.exists():
+        kept = [x for x in path.read_text().splitlines() if x.strip() and json.loads(x)["step"] <= step]
+        path.write_text("".join(x + "\n" for x in kept))
+
+
+def _append(path: pathlib.Path, line: dict) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(line, sort_keys=True) + "\n")
+
+
+def _optimizer_config(learning_rate: float):
+    from tr.train.updates import default_config
+
+    opt = default_config().actor.optimizer
+    opt.learning_rate = float(learning_rate)
+    return opt
 
 
 # ----------------------------------------------------------------------------------------------
-# SFT (Base and reterm_sft).
+# Stage kind `reterm_sft`: the parent's failures, the teacher's recoveries, filters, SFT.
 
-def sft_train(params, seqs, *, fns, steps: int, batch: int, length: int, lr: float, seed: int,
-              pad_id: int):
-    """`steps` SFT updates (loss on each sequence's `loss_mask`) from `params`; returns
-    (params, losses)."""
-    from tr.stages.base import batches
-    from tr.train import steps as steps_lib
-    from tr.train.state import create_train_state
+def collect_dataset(config, rt: Runtime, params, data_dir: pathlib.Path) -> dict:
+    """The parent actor's failures on `train`, one teacher recovery each, four filters, JSONL
+    shards under `data_dir` (+ `dataset.json`, the counts).  Read back when already written."""
+    from tr.agent import recovery
+    from tr.agent.harness import Budgets
+    from tr.agent.transcript import ChatLayout
+    from tr.envs import gym
 
-    train_cfg = steps_lib.default_config()
-    opt = train_cfg.actor.optimizer
-    opt.learning_rate = lr
-    sft = steps_lib.build_steps(train_cfg, actor_logprobs=fns.actor_logprobs).sft
-    state = create_train_state(actor_params=params,
-                               actor_optimizer=steps_lib.make_optimizer(opt), seed=seed)
-    data = batches(seqs, batch=batch, length=length, pad_id=pad_id, seed=seed)
-    losses = []
-    for _ in range(steps):
-        state, metrics = sft(state, next(data))
-        losses.append(float(metrics["actor/loss"]))
-    return state.actor_params, losses
-
-
-def run_sft(stage_config, run_dir, *, params, fns, tokenizer) -> tuple:
-    """Stage kind `reterm_sft`: SFT on the JSONL recovery shards under `stage_config.data`
-    (teacher tokens only in the loss).  Returns (params, summary)."""
-    from tr.agent.recovery import read_shards, sft_sequences
-
+    done = data_dir / "dataset.json"
+    if done.exists():
+        return json.loads(done.read_text())
     t0 = time.monotonic()
-    paths = sorted(pathlib.Path(stage_config.data).glob("recoveries-*.jsonl"))
-    seqs = [s for s in sft_sequences(read_shards(paths)) if len(s["tokens"]) <= stage_config.length]
-    if not seqs:
-        raise RuntimeError(f"reterm_sft: no recovery row fits length {stage_config.length} under "
-                           f"{stage_config.data}")
-    params, losses = sft_train(params, seqs, fns=fns, steps=stage_config.steps,
-                               batch=stage_config.batch, length=stage_config.length,
-                               lr=stage_config.learning_rate, seed=stage_config.seed,
-                               pad_id=tokenizer.pad_id)
-    summary = {"kind": "reterm_sft", "rows": len(seqs), "steps": stage_config.steps,
-               "loss_first": losses[0], "loss_last": losses[-1], "wall_s": time.monotonic() - t0}
-    _write_stage(run_dir, "reterm_sft", summary, [{"step": i + 1, "loss": l}
-                                                  for i, l in enumerate(losses)])
-    return params, summary
+    layout = ChatLayout(rt.tokenizer)
+    tasks = gym.split_tasks("train", int(config.tasks.train_count), seed=int(config.tasks.seed))
+    by_id = {t.id: t for t in tasks}
+    rt.actor.set_params(params)
+    policy = rt.actor.policy(temperature=float(config.data.temperature), top_p=1.0,
+                             seed=int(config.seed), name=f"{config.actor_from}")
+    rc = rollout_config(config, policy, rt.system_prompt, snapshot=True)
+    failures, collection = recovery.collect_failures(policy, tasks, int(config.data.attempts),
+                                                     layout, rc, seed=int(config.seed))
+    t = config.teacher
+    try:
+        if t.kind == "embedded":
+            teacher = recovery.EmbeddedTeacher(tasks)
+        else:
+            teacher = recovery.make_teacher("http", base_url=t.base_url, model=t.model)
+        teacher_rc = dataclasses.replace(rc, budgets=Budgets(
+            max_turns=int(t.max_turns), max_output_tokens=int(t.max_output_tokens),
+            max_context_tokens=int(t.max_context_tokens)))
+        recs = recovery.teacher_recoveries(teacher, failures, by_id, layout, teacher_rc,
+                                           seed=int(config.seed))
+    finally:
+        recovery.discard_failures(failures)
+    judge = None
+    if t.judge_url:
+        from tr.agent.http_policy import HttpPolicy
+        judge = recovery.HttpJudge(HttpPolicy(t.judge_url, t.judge_model, temperature=0.0,
+                                              top_p=1.0, source="judge"))
+    rows, counts = recovery.build_dataset(failures, recs, by_id, layout, judge=judge)
+    shards = recovery.write_shards(rows, data_dir)
+    counts = {**counts, "shards": len(shards), "collection": collection,
+              "wall_s": time.monotonic() - t0}
+    tmp = done.with_name(done.name + ".tmp")
+    tmp.write_text(json.dumps(counts, indent=1, sort_keys=True))
+    tmp.replace(done)
+    return counts
 
 
-def _write_stage(run_dir, name, summary, metrics) -> None:
-    d = pathlib.Path(run_dir) / name
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
-    with open(d / "metrics.jsonl", "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(m, sort_keys=True) + "\n" for m in metrics)
+def _sft_step(rt: Runtime, learning_rate: float):
+    from tr.train.compile import build_steps
+    from tr.train.updates import default_config
+
+    key = ("sft", float(learning_rate))
+    if key not in rt.steps:
+        train_cfg = default_config()
+        train_cfg.actor.optimizer.learning_rate = float(learning_rate)
+        rt.steps[key] = build_steps(train_cfg, actor_logprobs=rt.fns.actor_logprobs).sft
+    return rt.steps[key]
+
+
+def run_sft(stage_config, run_dir, **_) -> dict:
+    """Stage kind `reterm_sft`: dataset from the parent's failures, then `sft.steps` SFT updates
+    (loss on teacher tokens); val Pass@1 at `eval.every` and the last step."""
+    from tr.agent.recovery import read_shards, sft_sequences
+    from tr.envs import gym
+    from tr.stages.base import batches
+    from tr.stages.handoff import finished_summary
+
+    config = resolve(stage_config, "reterm_sft")
+    done = finished_summary(run_dir, config.name)
+    if done is not None:
+        return done
+    t0 = time.monotonic()
+    opened = open_stage(config, run_dir, kind="reterm_sft",
+                        optimizer_config=_optimizer_config(config.sft.learning_rate))
+    try:
+        rt, state, store = opened.rt, opened.state, opened.store
+        start = int(state.step)
+        data_dir = opened.stage_dir / "data"
+        params0 = (state.actor_params if start == 0
+                   else load_params(run_dir, config.actor_from, rt))
+        dataset = collect_dataset(config, rt, params0, data_dir)
+        seqs = [s for s in sft_sequences(read_shards(sorted(data_dir.glob("recoveries-*.jsonl"))))
+                if len(s["tokens"]) <= config.sft.length]
+        if not seqs:
+            raise RuntimeError(f"stage {config.name!r}: no recovery row fits sft.length "
+                               f"{config.sft.length} (dataset {dataset})")
+        val_tasks = gym.split_tasks("val", int(config.tasks.val_count) or None,
+                                    seed=int(config.tasks.seed))
+        val = ValLog(opened.stage_dir)
+        metrics_path = opened.stage_dir / "metrics.jsonl"
+        _truncate_metrics(metrics_path, start)
+        if start == 0 and config.eval.at_start:
+            val.evaluate(opened, 0, state.actor_params, val_tasks)
+        sft = _sft_step(rt, config.sft.learning_rate)
+        data = batches(seqs, batch=int(config.sft.batch), length=int(config.sft.length),
+                       pad_id=rt.tokenizer.pad_id, seed=int(config.seed))
+        for _ in range(start):      # the data order of a resumed stage continues where it was
+            next(data)
+        total = int(config.sft.steps)
+        for step in range(start + 1, total + 1):
+            state, m = sft(state, next(data))
+            _append(metrics_path, {"step": step, "loss": float(m["actor/loss"])})
+            due = _eval_due(step, total, int(config.eval.every))
+            store.save(state, force=due)
+            if due:
+                val.evaluate(opened, step, state.actor_params, val_tasks)
+        losses = [json.loads(x)["loss"] for x in metrics_path.read_text().splitlines()]
+        summary = {"kind": "reterm_sft", "rows": len(seqs), "steps": total,
+                   "loss_first": losses[0], "loss_last": losses[-1], "dataset": dataset,
+                   "wall_s": time.monotonic() - t0}
+        return _finish(opened, state, summary, val)
+    finally:
+        opened.close()
 
 
 # ----------------------------------------------------------------------------------------------
-# GRPO and ReTerm-GRPO.
+# Stage kinds `grpo` and `reterm_grpo`.
 
-def group_rows(groups, *, length: int):
+def group_rows(groups, *, length: int, rows: int | None = None):
     """Rows of whole groups (one rollout per row, reward = strict pass on the last actor token) and
     `is_recovery`; a group with an uncounted episode, several windows or a row longer than
-    `length` is dropped whole.  Returns (batch | None, kept groups, dropped groups)."""
+    `length` is dropped whole.  With `rows`, padded to that many rows (all masks false: no group,
+    no loss; one compiled shape per stage).  Returns (batch | None, kept groups, dropped groups)."""
     from tr.agent.records import episode_to_sequences, pad_sequences
 
     seqs, is_rec, kept, dropped = [], [], [], 0
     for kind, recs in groups:
-        rows = []
+        group = []
         for rec in sorted(recs, key=lambda r: r.rollout_index):
             s = episode_to_sequences(rec, float(bool(rec.passed))) if rec.status.counts else []
             if len(s) != 1 or len(s[0]["tokens"]) > length:
-                rows = None
+                group = None
                 break
-            rows.append(s[0])
-        if not rows:
+            group.append(s[0])
+        if not group:
             dropped += 1
             continue
-        seqs += rows
-        is_rec += [kind == "recovery"] * len(rows)
+        seqs += group
+        is_rec += [kind == "recovery"] * len(group)
         kept.append((kind, recs))
     if not seqs:
         return None, kept, dropped
     batch = pad_sequences(seqs, length)
+    if rows is not None:
+        if len(seqs) > rows:
+            raise ValueError(f"group_rows: {len(seqs)} rows > rows={rows}")
+        batch = {k: np.concatenate([v, np.zeros((rows - len(seqs),) + v.shape[1:], v.dtype)])
+                 for k, v in batch.items()}
+        is_rec += [False] * (rows - len(seqs))
     batch["is_recovery"] = np.asarray(is_rec, bool)
     return batch, kept, dropped
 
 
-def build_grpo(stage_config, fns):
-    """The compiled GRPO step and its optimizer for `stage_config` (built once, shared by the
-    plain and ReTerm arms: same shapes, one compilation)."""
-    from tr.train import steps as steps_lib
+def _grpo_step(rt: Runtime, g):
+    """The compiled GRPO step for these hyper-parameters (one compilation per process: the plain
+    and ReTerm arms share it, same shapes)."""
+    from tr.train.compile import build_steps
+    from tr.train.updates import default_config
 
-    train_cfg = steps_lib.default_config()
-    opt = train_cfg.actor.optimizer
-    opt.learning_rate = stage_config.learning_rate
-    train_cfg.grpo.group_size = stage_config.group_size
-    train_cfg.grpo.eps_low = stage_config.eps_low        # not given by the paper: a config value
-    train_cfg.grpo.eps_high = stage_config.eps_high
-    train_cfg.grpo.std_eps = stage_config.std_eps
-    train_cfg.grpo.group_weighting = stage_config.group_weighting
-    step = steps_lib.build_steps(train_cfg, actor_logprobs=fns.actor_logprobs).grpo
-    return step, steps_lib.make_optimizer(opt)
+    key = ("grpo", float(g.learning_rate), int(g.group_size), float(g.eps_low),
+           float(g.eps_high), float(g.std_eps), str(g.group_weighting))
+    if key not in rt.steps:
+        train_cfg = default_config()
+        train_cfg.actor.optimizer.learning_rate = float(g.learning_rate)
+        train_cfg.grpo.group_size = int(g.group_size)
+        train_cfg.grpo.eps_low = float(g.eps_low)    # not given by the paper: a config value
+        train_cfg.grpo.eps_high = float(g.eps_high)
+        train_cfg.grpo.std_eps = float(g.std_eps)
+        train_cfg.grpo.group_weighting = str(g.group_weighting)
+        rt.steps[key] = build_steps(train_cfg, actor_logprobs=rt.fns.actor_logprobs).grpo
+    return rt.steps[key]
 
 
-def run_grpo(stage_config, run_dir, *, params, fns, actor, tasks, config, queue=None,
-             stage_name: str | None = None, built=None) -> tuple:
-    """Stage kind `reterm_grpo` (``queue`` given: M_O original + M_R recovery groups) or plain
-    `grpo` (no queue: M_O + M_R original groups, compute-matched).  Returns (params, summary)."""
+def run_grpo(stage_config, run_dir, *, kind: str = "grpo", **_) -> dict:
+    """Stage kinds `grpo` (M_O + M_R original groups per update) and `reterm_grpo` (M_O original
+    + up to M_R recovery groups from the queue, originals filling in while it is short: the same
+    rollouts per update).  One checkpoint per update; val Pass@1 at `eval.every` and the last."""
     import jax
 
-    from tr.agent.recovery import CONDENSED_PROMPT, failure_of_group
+    from tr.agent.recovery import CONDENSED_PROMPT, RecoveryQueue, failure_of_group
     from tr.agent.rollout import discard_snapshot_ref, group_specs, recovery_specs, run_rollouts
-    from tr.agent.transcript import ChatLayout
-    from tr.train.state import create_train_state
+    from tr.envs import gym
+    from tr.stages.common import iteration_tasks
+    from tr.stages.handoff import finished_summary
 
+    config = resolve(stage_config, kind)
+    done = finished_summary(run_dir, config.name)
+    if done is not None:
+        return done
     t0 = time.monotonic()
-    g = stage_config.group_size
-    grpo, optimizer = built if built is not None else build_grpo(stage_config, fns)
-    state = create_train_state(actor_params=params, actor_optimizer=optimizer,
-                               seed=stage_config.seed)
-    layout = ChatLayout(actor.tokenizer)
-    rng = random.Random(stage_config.seed)
-    by_id = {t.id: t for t in tasks}
-    order = list(tasks)
-    cursor, curve = 0, []
-    name = "reterm_grpo" if queue is not None else "grpo"
-    for it in range(stage_config.updates):
-        actor.set_params(state.actor_params)
-        policy = actor.policy(temperature=1.0, top_p=1.0, seed=stage_config.seed * 7919 + it,
-                              name=name)
-        rc = _rollout_config(config, policy, snapshot=queue is not None)
-        parents = queue.pop(stage_config.m_recovery) if queue is not None else []
-        n_orig = stage_config.m_original + stage_config.m_recovery - len(parents)
-        picked = []
-        for _ in range(n_orig):
-            if cursor % len(order) == 0:
-                rng.shuffle(order)
-            picked.append(order[cursor % len(order)])
-            cursor += 1
-        specs = group_specs(picked, g, seed=it, prefix=f"{name}{stage_config.seed}")
-        for p in parents:
-            specs += recovery_specs(by_id[p.task_id], p, g, seed=it, recovery_prompt=CONDENSED_PROMPT)
-        out = run_rollouts(specs, policy, layout, rc)
-        grouped: dict[str, list] = {}
-        for rec in out.records:
-            grouped.setdefault(rec.group_id, []).append(rec)
-        groups = [("recovery" if recs[0].kind == "recovery" else "original", recs)
-                  for _, recs in sorted(grouped.items())]
-        keep_refs = set()
+    g = config.grpo
+    opened = open_stage(config, run_dir, kind=kind, optimizer_config=_optimizer_config(g.learning_rate))
+    queue = (RecoveryQueue(int(config.queue.capacity), sampling=config.queue.sampling,
+                           seed=int(config.seed)) if kind == "reterm_grpo" else None)
+    try:
+        rt, state, store = opened.rt, opened.state, opened.store
+        start = int(state.step)
+        grpo = _grpo_step(rt, g)
+        tasks = gym.split_tasks("train", int(config.tasks.train_count), seed=int(config.tasks.seed))
+        val_tasks = gym.split_tasks("val", int(config.tasks.val_count) or None,
+                                    seed=int(config.tasks.seed))
+        by_id = {t.id: t for t in tasks}
+        val = ValLog(opened.stage_dir)
+        metrics_path = opened.stage_dir / "metrics.jsonl"
+        _truncate_metrics(metrics_path, start)
+        if start == 0 and config.eval.at_start:
+            val.evaluate(opened, 0, state.actor_params, val_tasks)
+        total, n_groups = int(g.updates), int(g.m_original) + int(g.m_recovery)
+        for step in range(start + 1, total + 1):
+            seed = int(config.seed) * 7919 + step
+            rng = random.Random(seed)
+            rt.actor.set_params(state.actor_params)
+            policy = rt.actor.policy(temperature=1.0, top_p=1.0, seed=seed, name=config.name)
+            rc = rollout_config(config, policy, rt.system_prompt, snapshot=queue is not None)
+            parents = queue.pop(int(g.m_recovery)) if queue is not None else []
+            picked = iteration_tasks(tasks, step - 1, n_groups, int(config.seed))
+            picked = picked[:n_groups - len(parents)]
+            specs = group_specs(picked, int(g.group_size), seed=step, prefix=f"{config.name}-{step}")
+            for p in parents:
+                specs += recovery_specs(by_id[p.task_id], p, int(g.group_size), seed=step,
+                                        recovery_prompt=CONDENSED_PROMPT)
+            out = run_rollouts(specs, policy, policy.layout, rc)
+            grouped: dict[str, list] = {}
+            for rec in out.records:
+                grouped.setdefault(rec.group_id, []).append(rec)
+            groups = [("recovery" if recs[0].kind == "recovery" else "original", recs)
+                      for _, recs in sorted(grouped.items())]
+            keep = set()
+            if queue is not None:
+                for group_kind, recs in groups:
+                    if group_kind == "original":
+                        f = failure_of_group(recs, rng)
+                        if f is not None:
+                            queue.push(f)
+                            keep.add(f.episode_id)
+                queue.release(parents)
+            for rec in out.records + out.cancelled:
+                if rec.episode_id not in keep:
+                    discard_snapshot_ref(rec.snapshot_ref)
+            batch, _, dropped = group_rows(groups, length=int(g.length),
+                                           rows=n_groups * int(g.group_size))
+            metrics = {}
+            if batch is not None:
+                state, m = grpo(state, batch)
+                metrics = {k: float(v) for k, v in jax.device_get(m).items()}
+            else:       # nothing to learn from: the step still counts (one checkpoint per update)
+                state = state.replace(step=state.step + 1)
+
+            def mean_pass(which):
+                xs = [bool(r.passed) for k, recs in groups if k == which for r in recs
+                      if r.status.counts]
+                return float(np.mean(xs)) if xs else None
+
+            _append(metrics_path, {
+                "step": step, "update": step, "original_reward": mean_pass("original"),
+                "recovery_reward": mean_pass("recovery"), "recovery_groups": len(parents),
+                "dropped_groups": dropped, "queue": len(queue) if queue is not None else 0,
+                **({"queue_stats": queue.stats()} if queue is not None else {}), **metrics})
+            store.save(state, force=True)
+            if _eval_due(step, total, int(config.eval.every)):
+                val.evaluate(opened, step, state.actor_params, val_tasks)
+        summary = {"kind": kind, "updates": total, "group_size": int(g.group_size),
+                   "m_original": int(g.m_original), "m_recovery": int(g.m_recovery),
+                   "group_weighting": g.group_weighting, "wall_s": time.monotonic() - t0}
         if queue is not None:
-            for kind, recs in groups:
-                if kind == "original":
-                    f = failure_of_group(recs, rng)
-                    if f is not None:
-                        queue.push(f)
-                        keep_refs.add(f.episode_id)
-            queue.release(parents)
-        for rec in out.records + out.cancelled:
-            if rec.episode_id not in keep_refs:
-                discard_snapshot_ref(rec.snapshot_ref)
-        batch, kept, dropped = group_rows(groups, length=stage_config.length)
-        metrics = {}
-        if batch is not None:
-            state, m = grpo(state, batch)
-            metrics = {k: float(v) for k, v in jax.device_get(m).items()}
+            summary["queue"] = queue.stats()
+        return _finish(opened, state, summary, val)
+    finally:
+        if queue is not None:
+            queue.close()
+        opened.close()
 
-        def mean_pass(kind):
-            xs = [bool(r.passed) for k, recs in groups if k == kind for r in recs
-                  if r.status.counts]
-            return float(np.mean(xs)) if xs else None
 
-        curve.append({"update": it + 1, "original_reward": mean_pass("original"),
-                      "recovery_reward": mean_pass("recovery"), "recovery_groups": len(parents),
-                      "dropped_groups": dropped, "queue": len(queue) if queue is not None else 0,
-                      **metrics})
-    summary = {"kind": name, "updates": stage_config.updates, "group_size": g,
-               "m_original": stage_config.m_original, "m_recovery": stage_config.m_recovery,
-               "group_weighting": stage_config.group_weighting,
-               "wall_s": time.monotonic() - t0}
-    if queue is not None:
-        summary["queue"] = queue.stats()
-    _write_stage(run_dir, stage_name or name, summary, curve)
-    return state.actor_params, summary, curve
+def run_reterm_grpo(stage_config, run_dir, **kw) -> dict:
+    """Stage kind `reterm_grpo` (see :func:`run_grpo`)."""
+    return run_grpo(stage_config, run_dir, kind="reterm_grpo", **kw)
+
+
+def curve(run_dir, stage: str) -> list[dict]:
+    """A GRPO stage's metrics lines (the reward curves of original and recovery groups)."""
+    path = pathlib.Path(run_dir) / stage / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
 # ----------------------------------------------------------------------------------------------
-# Evaluation of one arm.
+# The `reterm` job: the stages, then the arms on `test`.
 
-def evaluate_arm(actor, params, name, config, test_tasks, heldout, by_id, workdir) -> dict:
+def stage_entries(config) -> list[dict]:
+    """The experiment as a list of pipeline stage entries (written to WORKDIR/stages.json)."""
+    shared = {"seed": int(config.seed), "concurrency": int(config.concurrency),
+              "tasks": {"train_count": int(config.data.train_tasks),
+                        "val_count": int(config.eval.val_count), "seed": int(config.seed)},
+              "eval": {"every": int(config.eval.val_every), "temperature": config.eval.temperature,
+                       "top_p": config.eval.top_p, "max_turns": int(config.eval.max_turns),
+                       "max_output_tokens": int(config.eval.max_output_tokens),
+                       "prompt_bucket": int(config.eval.prompt_bucket)}}
+    grpo = {**config.grpo.to_dict(), "length": int(config.sft.length)}
+    grpo.pop("batch", None)
+    entries = [
+        {"name": "base", "kind": "base", "variant": config.base.variant, "seed": int(config.seed),
+         "concurrency": int(config.concurrency), **config.base.overrides.to_dict()},
+        {**shared, "name": "sft", "kind": "reterm_sft", "actor_from": "base",
+         "data": {"attempts": int(config.data.attempts)}, "teacher": config.teacher.to_dict(),
+         "sft": config.sft.to_dict()},
+        {**shared, "name": "reterm_grpo", "kind": "reterm_grpo", "actor_from": "sft",
+         "grpo": grpo, "queue": {"capacity": int(config.queue.capacity),
+                                 "sampling": config.queue.sampling}},
+        {**shared, "name": "grpo", "kind": "grpo", "actor_from": "sft", "grpo": grpo},
+    ]
+    for capacity, sampling in (config.queue.sweep if config.variant == "queue" else ()):
+        # beyond the paper: ReTerm-GRPO from the same SFT actor per (K, sampling)
+        entries.append({**shared, "name": f"reterm_grpo-K{capacity}-{sampling}",
+                        "kind": "reterm_grpo", "actor_from": "sft", "grpo": grpo,
+                        "queue": {"capacity": int(capacity), "sampling": sampling}})
+    return entries
+
+
+def evaluate_arm(rt: Runtime, params, name, config, test_tasks, heldout, by_id, workdir) -> dict:
+    """Pass@1 on `test` (k = 1 per task), Recovery@k on the held-out failure states, mean turns
+    and generated tokens per episode."""
     from tr.agent.recovery import episode_costs, recovery_at_k
     from tr.agent.records import write_shard
     from tr.agent.rollout import group_specs, run_rollouts
-    from tr.agent.transcript import ChatLayout
 
-    actor.set_params(params)
+    rt.actor.set_params(params)
     ev = config.eval
-    policy = actor.policy(temperature=ev.temperature, top_p=ev.top_p, seed=config.seed, name=name)
-    rc = _rollout_config(config, policy)
-    layout = ChatLayout(actor.tokenizer)
+    policy = rt.actor.policy(temperature=ev.temperature, top_p=ev.top_p, seed=config.seed, name=name)
+    rc = rollout_config(config, policy, rt.system_prompt)
     out = run_rollouts(group_specs(test_tasks, 1, seed=config.seed, prefix=f"eval-{name}"),
-                       policy, layout, rc)
+                       policy, policy.layout, rc)
     counted = [r for r in out.records if r.status.counts]
     d = pathlib.Path(workdir) / "episodes"
     d.mkdir(parents=True, exist_ok=True)
     write_shard(out.records, d / f"test-{name}.jsonl")
-    rec = recovery_at_k(policy, heldout, by_id, ev.k, layout, rc, seed=config.seed)
+    rec = recovery_at_k(policy, heldout, by_id, ev.k, policy.layout, rc, seed=config.seed)
     return {"pass_at_1": float(np.mean([bool(r.passed) for r in counted])) if counted else 0.0,
+            "passed": int(sum(bool(r.passed) for r in counted)),
             "episodes": len(counted), "recovery_at_k": rec["recovery_at_k"], "k": ev.k,
             **episode_costs(out.records),
             "recovery": {"by_category": rec["by_category"], "mean_turns": rec["mean_turns"],
-                         "mean_tokens": rec["mean_tokens"], "states": rec["states"]}}
+                         "mean_tokens": rec["mean_tokens"], "states": rec["states"],
+                         "recovered": int(round(rec["recovery_at_k"] * rec["states"]))}}
 
-
-# ----------------------------------------------------------------------------------------------
-# The job.
 
 def _check(config) -> None:
     for path in ("data.attempts", "data.train_tasks", "grpo.group_size", "grpo.updates",
@@ -321,15 +717,8 @@ def _say(text: str) -> None:
 
 
 def run(config, workdir):
-    import ml_collections
-    from flax import nnx
-
     from tr.agent import recovery
-    from tr.agent.transcript import ChatLayout
     from tr.envs import gym
-    from tr.models.decoder import Decoder
-    from tr.stages import base as base_lib
-    from tr.train import steps as steps_lib
 
     _check(config)
     if config.variant == "paper":
@@ -337,125 +726,61 @@ def run(config, workdir):
     t_start = time.monotonic()
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    tokenizer = embedded.load_tokenizer(config.tokenizer)
-    layout = ChatLayout(tokenizer)
-    model = Decoder(embedded.model_config(config.model), rngs=nnx.Rngs(config.seed))
-    fns = steps_lib.nnx_model_fns(model)
-    actor = Actor(model, tokenizer, concurrency=config.concurrency,
-                  prompt_bucket=config.eval.prompt_bucket)
-    timings = {}
+    entries = stage_entries(config)
+    (workdir / "stages.json").write_text(json.dumps(entries, indent=1, sort_keys=True))
+    # Each arm is evaluated as soon as its stage is finished (arms.json grows arm by arm), on
+    # held-out failure states collected once from the Base on test, fixed for every arm.
+    from tr.stages.registry import stage_kind
 
-    # Base: SFT on the scripted teacher's demos (tr.stages.base), a fixed number of steps.
-    t0 = time.monotonic()
-    demo_cfg = ml_collections.ConfigDict({"seed": config.seed, "concurrency": config.concurrency,
-                                          "demos": dict(config.base.demos),
-                                          "sft": {"length": config.sft.length}})
-    demos, demo_stats = base_lib.make_demos(demo_cfg, tokenizer, layout)
-    params, _ = sft_train(fns.actor_params, demos, fns=fns, steps=config.base.steps,
-                          batch=config.base.batch, length=config.sft.length,
-                          lr=config.base.learning_rate, seed=config.seed, pad_id=tokenizer.pad_id)
-    arms_params = {"base": params}
-    timings["base_s"] = time.monotonic() - t0
-    _say(f"base: {len(demos)} demo sequences, {config.base.steps} SFT steps, "
-         f"{timings['base_s']:.0f}s")
-
-    # ReTerm data: the Base's own failures on train, the teacher's recoveries, four filters.
-    t0 = time.monotonic()
-    train_tasks = gym.split_tasks("train", config.data.train_tasks, seed=config.seed)
-    test_tasks = gym.split_tasks("test", config.eval.test_count, seed=config.seed)
-    by_id = {t.id: t for t in train_tasks + test_tasks}
-    actor.set_params(params)
-    base_policy = actor.policy(temperature=1.0, top_p=1.0, seed=config.seed, name="base")
-    rc_cfg = _rollout_config(config, base_policy, snapshot=True)
-    failures, fail_stats = recovery.collect_failures(base_policy, train_tasks, config.data.attempts,
-                                                     layout, rc_cfg, seed=config.seed)
-    if config.teacher.kind == "embedded":
-        teacher = recovery.EmbeddedTeacher(train_tasks)
-    else:
-        teacher = recovery.make_teacher("http", base_url=config.teacher.base_url,
-                                        model=config.teacher.model)
-    from tr.agent.harness import Budgets
-    teacher_cfg = dataclasses.replace(rc_cfg, budgets=Budgets(
-        max_turns=config.teacher.max_turns, max_output_tokens=config.teacher.max_output_tokens,
-        max_context_tokens=config.teacher.max_context_tokens))
-    recs = recovery.teacher_recoveries(teacher, failures, by_id, layout, teacher_cfg,
-                                       seed=config.seed)
-    recovery.discard_failures(failures)
-    rows, dataset = recovery.build_dataset(failures, recs, by_id, layout)
-    shards = recovery.write_shards(rows, workdir / "reterm-data")
-    dataset["shards"] = len(shards)
-    dataset["collection"] = fail_stats
-    timings["data_s"] = time.monotonic() - t0
-    _say(f"data: {json.dumps({k: dataset[k] for k in ('failures', 'kept', 'rejected_by')})}, "
-         f"{timings['data_s']:.0f}s")
-
-    # Held-out failure states: collected once from the Base on test, fixed for every arm.
-    heldout, held_stats = recovery.collect_failures(
-        actor.policy(temperature=config.eval.temperature, top_p=config.eval.top_p,
-                     seed=config.seed + 1, name="base"),
-        test_tasks, 1, layout, rc_cfg, seed=config.seed + 1, prefix="heldout")
-    recovery.discard_failures(heldout[config.eval.heldout_states:])   # only the first N are kept
-    heldout = heldout[:config.eval.heldout_states]
+    summaries, results, heldout, t_eval = {}, {}, [], 0.0
     try:
-        t0 = time.monotonic()
-        sft_cfg = ml_collections.ConfigDict({**config.sft.to_dict(), "seed": config.seed,
-                                             "data": str(workdir / "reterm-data")})
-        if rows:
-            arms_params["sft"], sft_summary = run_sft(sft_cfg, workdir, params=params, fns=fns,
-                                                      tokenizer=tokenizer)
-        else:
-            arms_params["sft"], sft_summary = params, {"kind": "reterm_sft", "rows": 0}
-        timings["sft_s"] = time.monotonic() - t0
-        _say(f"reterm_sft: {sft_summary}")
-
-        g_cfg = ml_collections.ConfigDict({**config.grpo.to_dict(), "seed": config.seed,
-                                           "length": config.sft.length})
-        t0 = time.monotonic()
-        built = build_grpo(g_cfg, fns)
-        arms_params["grpo"], grpo_summary, grpo_curve = run_grpo(
-            g_cfg, workdir, params=arms_params["sft"], fns=fns, actor=actor, tasks=train_tasks,
-            config=config, built=built)
-        timings["grpo_s"] = time.monotonic() - t0
-        _say(f"grpo: {grpo_curve}")
-        t0 = time.monotonic()
-        queue = recovery.RecoveryQueue(config.queue.capacity, sampling=config.queue.sampling,
-                                       seed=config.seed)
-        try:
-            arms_params["reterm_grpo"], reterm_summary, reterm_curve = run_grpo(
-                g_cfg, workdir, params=arms_params["sft"], fns=fns, actor=actor,
-                tasks=train_tasks, config=config, queue=queue, built=built)
-        finally:
-            queue.close()
-        timings["reterm_grpo_s"] = time.monotonic() - t0
-        _say(f"reterm_grpo: {reterm_curve}")
-
-        t0 = time.monotonic()
-        arms = {a: evaluate_arm(actor, arms_params[a], a, config, test_tasks, heldout, by_id,
-                                workdir) for a in ARMS}
-        timings["eval_s"] = time.monotonic() - t0
-
-        sweep = []
-        for capacity, sampling in (config.queue.sweep if config.variant == "queue" else ()):
-            # beyond the paper: ReTerm-GRPO from the same SFT actor per (K, sampling)
+        for i, entry in enumerate(entries):
+            parent = entry.get("actor_from")
+            if parent and parent not in summaries:
+                raise ConfigError(f"stages[{i}] ({entry['name']}): actor_from={parent!r} is not "
+                                  "an earlier stage")
             t0 = time.monotonic()
-            q = recovery.RecoveryQueue(capacity, sampling=sampling, seed=config.seed)
-            try:
-                p, summ, curve = run_grpo(g_cfg, workdir, params=arms_params["sft"], fns=fns,
-                                          actor=actor, tasks=train_tasks, config=config, queue=q,
-                                          stage_name=f"reterm_grpo-K{capacity}-{sampling}",
-                                          built=built)
-            finally:
-                q.close()
-            ev = evaluate_arm(actor, p, f"reterm_grpo-K{capacity}-{sampling}", config,
-                              test_tasks, heldout, by_id, workdir)
-            sweep.append({"capacity": capacity, "sampling": sampling,
-                          "pass_at_1": ev["pass_at_1"], "recovery_at_k": ev["recovery_at_k"],
-                          "mean_turns": ev["mean_turns"], "queue": summ["queue"],
-                          "wall_s": time.monotonic() - t0})
-            _say(f"queue sweep: {sweep[-1]}")
+            summaries[entry["name"]] = stage_kind(entry["kind"])(dict(entry), workdir)
+            _say(f"stage {entry['name']} ({entry['kind']}) done in {time.monotonic() - t0:.0f}s")
+            t0 = time.monotonic()
+            if entry["name"] == "base":
+                rt = runtime(parent_manifest(workdir, "base"), concurrency=int(config.concurrency),
+                             prompt_bucket=int(config.eval.prompt_bucket))
+                test_tasks = gym.split_tasks("test", config.eval.test_count, seed=config.seed)
+                by_id = {t.id: t for t in test_tasks}
+                rt.actor.set_params(load_params(workdir, "base", rt))
+                policy = rt.actor.policy(temperature=config.eval.temperature,
+                                         top_p=config.eval.top_p, seed=config.seed + 1, name="base")
+                heldout, held_stats = recovery.collect_failures(
+                    policy, test_tasks, 1, policy.layout,
+                    rollout_config(config, policy, rt.system_prompt, snapshot=True),
+                    seed=config.seed + 1, prefix="heldout")
+                recovery.discard_failures(heldout[config.eval.heldout_states:])   # the first N kept
+                heldout = heldout[:config.eval.heldout_states]
+            results[entry["name"]] = evaluate_arm(rt, load_params(workdir, entry["name"], rt),
+                                                  entry["name"], config, test_tasks, heldout, by_id,
+                                                  workdir)
+            t_eval += time.monotonic() - t0
+            (workdir / "arms.json").write_text(json.dumps(results, indent=1, sort_keys=True))
+            r = results[entry["name"]]
+            _say(f"arm {entry['name']}: Pass@1 {r['pass_at_1']:.3f} ({r['passed']}/"
+                 f"{r['episodes']}), Recovery@{r['k']} {r['recovery_at_k']:.3f} "
+                 f"({r['recovery']['recovered']}/{r['recovery']['states']})")
     finally:
         recovery.discard_failures(heldout)
+    t_stages = time.monotonic() - t_start - t_eval
+    stage_of = {"base": "base", "sft": "sft", "grpo": "grpo", "reterm_grpo": "reterm_grpo"}
+    arms = {a: results[stage_of[a]] for a in ARMS}
+    sweep = []
+    for e in entries[4:]:
+        ev, s = results[e["name"]], summaries[e["name"]]
+        sweep.append({"capacity": e["queue"]["capacity"], "sampling": e["queue"]["sampling"],
+                      "pass_at_1": ev["pass_at_1"], "recovery_at_k": ev["recovery_at_k"],
+                      "mean_turns": ev["mean_turns"], "queue": s["queue"],
+                      "retained_step": s["retained_step"], "wall_s": s["wall_s"]})
 
+    dataset = summaries["sft"]["dataset"]
+    reterm_summary = summaries["reterm_grpo"]
     report = {"experiment": "reterm", "variant": config.variant, "seed": config.seed,
               "wall_s": time.monotonic() - t_start, "arms": arms,
               "dataset": {k: dataset[k] for k in ("failures", "recoveries", "kept", "rejected_by",
@@ -466,14 +791,14 @@ def run(config, workdir):
                         "sampled": reterm_summary["queue"]["sampled"]},
               "heldout": {"states": len(heldout), **held_stats},
               "queue_sweep": sweep,
-              "curves": {"grpo": grpo_curve, "reterm_grpo": reterm_curve},
-              "stages": {"reterm_sft": sft_summary, "grpo": grpo_summary,
-                         "reterm_grpo": reterm_summary},
-              "demos": demo_stats, "timings": timings,
+              "curves": {"grpo": curve(workdir, "grpo"), "reterm_grpo": curve(workdir, "reterm_grpo")},
+              "stages": summaries,
+              "timings": {"stages_s": t_stages, "eval_s": t_eval,
+                          **{f"{n}_s": s.get("wall_s") for n, s in summaries.items()}},
               "config": {"group_weighting": config.grpo.group_weighting,
                          "eps_low": config.grpo.eps_low, "eps_high": config.grpo.eps_high,
-                         "teacher": config.teacher.kind}}
-    (workdir / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True))
+                         "teacher": config.teacher.kind, "stages": [e["name"] for e in entries]}}
+    (workdir / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True, default=str))
     (workdir / "report.md").write_text(report_md(report))
     plot_curves(report, workdir / "reward_curves.png")
     print(report_md(report), flush=True)
