@@ -1,0 +1,114 @@
+"""A small RSR pipeline for the RSR stage tests, on gym tasks in local sandboxes.
+
+    python tests/rsr_child.py --run_dir D [--stages rsr] [--tasks 4]
+
+The parent `base` stands in for the gym's Base at test size: the gym model shape shrunk by
+overrides, the gym's BPE tokenizer and system prompt, SFT'd from scratch for `--parent_steps`
+updates on scripted reference demos of the first `--tasks` train tasks (so its own rollouts
+succeed on them and RSR has successes to rewrite); it is written as a finished stage (kind `sft`)
+whose manifest records model, tokenizer and system prompt, like `tr.stages.base`. Then the
+pipeline runs `rsr-1` (actor_from base). One episode at a time (concurrency 1) so a run is a pure
+function of its seed. Prints `DONE <json of the summaries>`; killed and started again, it resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+SMALL = dict(n_layers=1, d_model=64, n_heads=2, n_kv_heads=1, head_dim=32, d_ff=128)
+
+
+def train_parent(run_dir: pathlib.Path, tasks: int, steps: int, seed: int = 0) -> None:
+    """The `base` stage: SFT on reference demos of the first `tasks` train tasks."""
+    import jax
+    import ml_collections
+    from flax import nnx
+
+    from tr.agent.transcript import ChatLayout
+    from tr.models.config import get_model_config
+    from tr.models.decoder import Decoder
+    from tr.stages import base, embedded
+    from tr.train.checkpoint import StageStore
+    from tr.train.compile import build_steps
+    from tr.train.model_fns import nnx_model_fns
+    from tr.train.optim import make_optimizer
+    from tr.train.state import create_train_state
+    from tr.train.updates import default_config
+
+    if (run_dir / "base" / "summary.json").exists():
+        return
+    tokenizer = embedded.load_tokenizer()
+    demo_config = ml_collections.ConfigDict({
+        "seed": seed, "concurrency": 1,
+        "demos": {"tasks": tasks, "p_mistake": 0.0, "p_truncate": 0.0},
+        "sft": {"length": 512}})
+    seqs, _ = base.make_demos(demo_config, tokenizer, ChatLayout(tokenizer))
+    model = Decoder(get_model_config(embedded.MODEL, **SMALL), rngs=nnx.Rngs(seed))
+    fns = nnx_model_fns(model)
+    train = default_config()
+    train.actor.optimizer.learning_rate = 3e-3
+    opt = make_optimizer(train.actor.optimizer)
+    sft = build_steps(train, actor_logprobs=fns.actor_logprobs).sft
+    state = create_train_state(actor_params=fns.actor_params, actor_optimizer=opt, seed=seed)
+    data = base.batches(seqs, batch=4, length=512, pad_id=tokenizer.pad_id, seed=seed)
+    for _ in range(steps):
+        state, metrics = sft(state, next(data))
+    loss = float(metrics["actor/loss"])
+    state = state.replace(actor_opt_state=None)
+    config = {**embedded.manifest_config(), "model": {"name": embedded.MODEL, "overrides": SMALL},
+              "steps": steps, "demo_tasks": tasks}
+    with StageStore(run_dir, "base", async_save=False) as store:
+        store.create(kind="sft", config=config)
+        manifest = store.finish(state)
+    (run_dir / "base" / "summary.json").write_text(json.dumps(
+        {"stage": "base", "retained_step": manifest["finished_step"], "loss": loss,
+         "actor_hash": manifest["actor_hash_after"]}))
+    jax.block_until_ready(state.step)
+
+
+def pipeline_config(tasks: int, rsr: dict | None = None):
+    import ml_collections
+
+    return ml_collections.ConfigDict({
+        "job": "pipeline",
+        "stage_defaults": {
+            "tasks": {"source": "gym", "count": tasks},
+            "rollout": {"concurrency": 1, "max_output_tokens": 48, "max_turns": 3},
+            "arrays": {"length": 512},
+            "eval": {"count": 2, "every": 0},
+            "train": {"logprob_chunk_size": 512},
+        },
+        "stages": [{"name": "rsr-1", "kind": "rsr", "actor_from": "base",
+                    "rsr": {"explore_k": 2, "replay_m": 2, "batch": 2, "epochs": 2,
+                            **(rsr or {})}}],
+    })
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--run_dir", required=True)
+    parser.add_argument("--tasks", type=int, default=4)
+    parser.add_argument("--parent_steps", type=int, default=60)
+    args = parser.parse_args()
+    import jax
+
+    if os.environ.get("TR_TEST_JAX_CACHE"):
+        jax.config.update("jax_compilation_cache_dir", os.environ["TR_TEST_JAX_CACHE"])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    from tr.stages import pipeline
+
+    run_dir = pathlib.Path(args.run_dir)
+    train_parent(run_dir, args.tasks, args.parent_steps)
+    summaries = pipeline.run(pipeline_config(args.tasks), run_dir)
+    print("DONE " + json.dumps(summaries, sort_keys=True, default=str), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
