@@ -6,8 +6,9 @@ The parent `base` stands in for the gym's Base at test size: the gym model shape
 overrides, the gym's BPE tokenizer and system prompt, SFT'd from scratch for `--parent_steps`
 updates on scripted reference demos of the first `--tasks` train tasks (so its own rollouts
 succeed on them and RSR has successes to rewrite); it is written as a finished stage (kind `sft`)
-whose manifest records model, tokenizer and system prompt, like `tr.stages.base`. Then the
-pipeline runs `rsr-1` (actor_from base). One episode at a time (concurrency 1) so a run is a pure
+whose manifest records model, tokenizer and system prompt, like `tr.stages.base`, with a fresh
+critic. Then the pipeline runs `rsr-1` (actor and critic from base; the critic must pass through
+unchanged). One episode at a time (concurrency 1) so a run is a pure
 function of its seed. Prints `DONE <json of the summaries>`; killed and started again, it resumes.
 """
 
@@ -32,6 +33,7 @@ def train_parent(run_dir: pathlib.Path, tasks: int, steps: int, seed: int = 0) -
 
     from tr.agent.transcript import ChatLayout
     from tr.models.config import get_model_config
+    from tr.models.critic import CriticModel
     from tr.models.decoder import Decoder
     from tr.stages import base, embedded
     from tr.train.checkpoint import StageStore
@@ -49,13 +51,15 @@ def train_parent(run_dir: pathlib.Path, tasks: int, steps: int, seed: int = 0) -
         "demos": {"tasks": tasks, "p_mistake": 0.0, "p_truncate": 0.0},
         "sft": {"length": 512}})
     seqs, _ = base.make_demos(demo_config, tokenizer, ChatLayout(tokenizer))
-    model = Decoder(get_model_config(embedded.MODEL, **SMALL), rngs=nnx.Rngs(seed))
-    fns = nnx_model_fns(model)
+    model_config = get_model_config(embedded.MODEL, **SMALL)
+    model = Decoder(model_config, rngs=nnx.Rngs(seed))
+    fns = nnx_model_fns(model, CriticModel(model_config, rngs=nnx.Rngs(seed + 1)))
     train = default_config()
     train.actor.optimizer.learning_rate = 3e-3
     opt = make_optimizer(train.actor.optimizer)
     sft = build_steps(train, actor_logprobs=fns.actor_logprobs).sft
-    state = create_train_state(actor_params=fns.actor_params, actor_optimizer=opt, seed=seed)
+    state = create_train_state(actor_params=fns.actor_params, actor_optimizer=opt,
+                               critic_params=fns.critic_params, seed=seed)
     data = base.batches(seqs, batch=4, length=512, pad_id=tokenizer.pad_id, seed=seed)
     for _ in range(steps):
         state, metrics = sft(state, next(data))
@@ -68,7 +72,7 @@ def train_parent(run_dir: pathlib.Path, tasks: int, steps: int, seed: int = 0) -
         manifest = store.finish(state)
     (run_dir / "base" / "summary.json").write_text(json.dumps(
         {"stage": "base", "retained_step": manifest["finished_step"], "loss": loss,
-         "actor_hash": manifest["actor_hash_after"]}))
+         "actor_hash": manifest["actor_hash_after"], "critic_hash": manifest["critic_hash_after"]}))
     jax.block_until_ready(state.step)
 
 
@@ -84,7 +88,7 @@ def pipeline_config(tasks: int, rsr: dict | None = None):
             "eval": {"count": 2, "every": 0},
             "train": {"logprob_chunk_size": 512},
         },
-        "stages": [{"name": "rsr-1", "kind": "rsr", "actor_from": "base",
+        "stages": [{"name": "rsr-1", "kind": "rsr", "actor_from": "base", "critic_from": "base",
                     "rsr": {"explore_k": 2, "replay_m": 2, "batch": 2, "epochs": 2,
                             **(rsr or {})}}],
     })

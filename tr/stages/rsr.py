@@ -49,7 +49,7 @@ def defaults() -> ml_collections.ConfigDict:
     config = common.stage_defaults()
     config.kind = KIND
     config.rsr = {
-        "tasks": 0,            # train tasks explored (the first of the split; 0 = all)
+        "tasks": 32,           # train tasks explored (the first of the split; 0 = all)
         "explore_k": 4,        # K rollouts per task (SPEC §6)
         "replay_m": 4,         # M replays per accepted runbook (SPEC §6)
         "per_task": 1,         # accepted replays drawn uniformly per task into Q_clean
