@@ -19,6 +19,7 @@ STAGE_KINDS: dict[str, str] = {
         "warmup": "tr.stages.warmup:run",
         "rpr": "tr.stages.rpr:run",
         "rsr": "tr.stages.rsr:run",
+        "base": "tr.stages.base:run_stage",
 }
 
 
