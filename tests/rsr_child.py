@@ -4,8 +4,9 @@
 
 The parent `base` stands in for the gym's Base at test size: the gym model shape shrunk by
 overrides, the gym's BPE tokenizer and system prompt, SFT'd from scratch for `--parent_steps`
-updates on scripted reference demos of the first `--tasks` train tasks (so its own rollouts
-succeed on them and RSR has successes to rewrite); it is written as a finished stage (kind `sft`)
+updates on scripted reference demos of the first `--tasks` train tasks, with the plain prompt and
+with the prompt carrying a runbook (so its own rollouts succeed on them, RSR has successes to
+rewrite, and it can follow a runbook as an LLM would); it is written as a finished stage (kind `sft`)
 whose manifest records model, tokenizer and system prompt, like `tr.stages.base`, with a fresh
 critic. Then the pipeline runs `rsr-1` (actor and critic from base; the critic must pass through
 unchanged). One episode at a time (concurrency 1) so a run is a pure
@@ -28,10 +29,8 @@ SMALL = dict(n_layers=1, d_model=64, n_heads=2, n_kv_heads=1, head_dim=32, d_ff=
 def train_parent(run_dir: pathlib.Path, tasks: int, steps: int, seed: int = 0) -> None:
     """The `base` stage: SFT on reference demos of the first `tasks` train tasks."""
     import jax
-    import ml_collections
     from flax import nnx
 
-    from tr.agent.transcript import ChatLayout
     from tr.models.config import get_model_config
     from tr.models.critic import CriticModel
     from tr.models.decoder import Decoder
@@ -46,11 +45,7 @@ def train_parent(run_dir: pathlib.Path, tasks: int, steps: int, seed: int = 0) -
     if (run_dir / "base" / "summary.json").exists():
         return
     tokenizer = embedded.load_tokenizer()
-    demo_config = ml_collections.ConfigDict({
-        "seed": seed, "concurrency": 1,
-        "demos": {"tasks": tasks, "p_mistake": 0.0, "p_truncate": 0.0},
-        "sft": {"length": 512}})
-    seqs, _ = base.make_demos(demo_config, tokenizer, ChatLayout(tokenizer))
+    seqs = demo_sequences(tasks, tokenizer, seed) * 4   # base.batches needs >= `batch` rows a pass
     model_config = get_model_config(embedded.MODEL, **SMALL)
     model = Decoder(model_config, rngs=nnx.Rngs(seed))
     fns = nnx_model_fns(model, CriticModel(model_config, rngs=nnx.Rngs(seed + 1)))
@@ -63,6 +58,8 @@ def train_parent(run_dir: pathlib.Path, tasks: int, steps: int, seed: int = 0) -
     data = base.batches(seqs, batch=4, length=512, pad_id=tokenizer.pad_id, seed=seed)
     for _ in range(steps):
         state, metrics = sft(state, next(data))
+    print(f"parent: {len(seqs)} demo sequences, {steps} SFT updates, loss "
+          f"{float(metrics['actor/loss']):.3f}", flush=True)
     loss = float(metrics["actor/loss"])
     state = state.replace(actor_opt_state=None)
     config = {**embedded.manifest_config(), "model": {"name": embedded.MODEL, "overrides": SMALL},
@@ -74,6 +71,37 @@ def train_parent(run_dir: pathlib.Path, tasks: int, steps: int, seed: int = 0) -
         {"stage": "base", "retained_step": manifest["finished_step"], "loss": loss,
          "actor_hash": manifest["actor_hash_after"], "critic_hash": manifest["critic_hash_after"]}))
     jax.block_until_ready(state.step)
+
+
+def demo_sequences(count: int, tokenizer, seed: int) -> list:
+    """Reference demos of the first `count` train tasks, each with the plain prompt and with the
+    prompt carrying the runbook of its own commands (the form RSR replays use): a stand-in for an
+    LLM's ability to follow a runbook, which the embedded model has to be taught."""
+    import dataclasses
+
+    from tr.agent import runbook as rb
+    from tr.agent.harness import Budgets, EpisodeSpec
+    from tr.agent.records import episode_to_sequences
+    from tr.agent.rollout import RolloutConfig, run_rollouts
+    from tr.agent.transcript import ChatLayout
+    from tr.envs import gym
+    from tr.stages import base, embedded
+
+    tasks = gym.split_tasks("train", count)
+    specs, plans = [], {}
+    for task in tasks:
+        commands = gym.solution_commands(task)
+        runbook = rb.CommandListPlanner().plan(task, [rb.Step(c, "", 0) for c in commands])
+        with_runbook = dataclasses.replace(rb.with_runbook(task, runbook), id=f"{task.id}@rb0")
+        for t in (task, with_runbook):
+            specs.append(EpisodeSpec(task=t, episode_id=f"demo-{t.id}", seed=seed))
+            plans[f"demo-{t.id}"] = commands
+    out = run_rollouts(specs, base.PlanPolicy(plans), ChatLayout(tokenizer), RolloutConfig(
+        concurrency=1, progress=False, budgets=Budgets(max_turns=gym.MAX_TURNS),
+        system_prompt=embedded.SYSTEM_PROMPT))
+    records = sorted(out.records, key=lambda r: r.episode_id)
+    assert all(r.passed for r in records), [r.episode_id for r in records if not r.passed]
+    return [seq for r in records for seq in episode_to_sequences(r, 1.0)]
 
 
 def pipeline_config(tasks: int, rsr: dict | None = None):
@@ -98,7 +126,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--run_dir", required=True)
     parser.add_argument("--tasks", type=int, default=4)
-    parser.add_argument("--parent_steps", type=int, default=60)
+    parser.add_argument("--parent_steps", type=int, default=200)
     args = parser.parse_args()
     import jax
 
