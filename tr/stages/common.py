@@ -60,6 +60,9 @@ def stage_defaults() -> ml_collections.ConfigDict:
             "max_turns": 4,
             "temperature": 1.0,         # training rollouts: SPEC §2
             "top_p": 1.0,
+            # active summarisation: 0 = off (as Base's evaluation), -1 = the policy's threshold
+            # (fits the sampler's buckets: 256 tokens at a 1,024-token context), > 0 = this many
+            "summarise_at_tokens": 0,
         },
         "arrays": {"rows": 16, "length": 1024},
         "eval": {"every": 1, "k": 1, "count": 0, "temperature": 0.6, "top_p": 0.95,
@@ -302,7 +305,9 @@ class Actor:
         cfg = self.config
         policy = self._policy(seed, cfg.temperature if temperature is None else temperature,
                               cfg.top_p if top_p is None else top_p)
-        budgets = policy.budgets(int(cfg.max_output_tokens), max_turns=int(cfg.max_turns))
+        summarise = int(cfg.get("summarise_at_tokens", 0))
+        extra = {} if summarise < 0 else {"summarise_at_tokens": summarise or None}
+        budgets = policy.budgets(int(cfg.max_output_tokens), max_turns=int(cfg.max_turns), **extra)
         specs = group_specs(tasks, group_size, seed=seed, prefix=prefix)
         out = run_rollouts(specs, policy, policy.layout,
                            RolloutConfig(backend=cfg.backend, concurrency=int(cfg.concurrency),

@@ -3,7 +3,9 @@
 Each entry is `{name, kind, actor_from, critic_from, ...}` over `config.stage_defaults` (fields every
 stage shares: model, tasks, rollout sizes ...) and the kind's own defaults. A finished stage
 (manifest `finished_step` and `summary.json`) is not run again; a killed one resumes from its last
-checkpoint. `pipeline.json` collects the stages' summaries.
+checkpoint. `actor_from` / `critic_from` name an earlier entry or a stage another job finished in
+the same workdir (the gym's Base of the `base` job). `pipeline.json` collects the stages'
+summaries.
 """
 
 from __future__ import annotations
@@ -30,15 +32,27 @@ def run(config, workdir: pathlib.Path) -> dict:
             raise ConfigError(f"config.stages[{index}]: stage name {entry['name']!r} is used twice")
         for parent in ("actor_from", "critic_from"):
             source = entry.get(parent)
-            if source and source != "fresh" and source not in names:
+            if source and source != "fresh" and source not in names and not _finished(
+                    workdir, source):
                 raise ConfigError(f"config.stages[{index}] ({entry['name']}): {parent}={source!r} "
-                                  f"is not an earlier stage (earlier: {sorted(names)})")
+                                  f"is not an earlier stage (earlier: {sorted(names)}) nor a "
+                                  f"finished stage in {workdir}")
         names.add(entry["name"])
         merged = _merge(shared, entry)
         summaries[entry["name"]] = stage_kind(entry["kind"])(merged, pathlib.Path(workdir))
         (pathlib.Path(workdir) / "pipeline.json").write_text(
             json.dumps(summaries, indent=1, sort_keys=True, default=str))
     return summaries
+
+
+def _finished(workdir, stage: str) -> bool:
+    """A stage another job finished in the workdir (e.g. the gym's Base, job `base`): its manifest
+    has `finished_step`."""
+    manifest = pathlib.Path(workdir) / stage / "stage.json"
+    try:
+        return json.loads(manifest.read_text()).get("finished_step") is not None
+    except (OSError, ValueError):
+        return False
 
 
 def _merge(base: dict, over: dict) -> dict:

@@ -18,6 +18,7 @@ STAGE_KINDS: dict[str, str] = {
         "init": "tr.stages.handoff:init_base",
         "warmup": "tr.stages.warmup:run",
         "rpr": "tr.stages.rpr:run",
+        "rsr": "tr.stages.rsr:run",
         "base": "tr.stages.base:run_stage",
         "reterm_sft": "tr.stages.reterm:run_sft",
         "grpo": "tr.stages.reterm:run_grpo",

@@ -1,0 +1,135 @@
+"""Stage kind `rsr` on real rollouts of gym tasks in local sandboxes (tests/rsr_child.py): a small
+parent with the gym's BPE tokenizer that solves some of its train tasks, then `rsr-1`: explore,
+plan, review, replay, SFT on the plain prompt, critic untouched; then the same stage SIGKILLed in
+the middle of its SFT and restarted reproduces the uninterrupted run exactly."""
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CHILD = ROOT / "tests" / "rsr_child.py"
+TIMEOUT_S = 1500
+NONDETERMINISTIC = ("rollout_s", "generation_s", "cached", "wall_s", "explore_s", "plan_s",
+                    "replay_s", "sft_s")
+
+
+def child_env(cache_dir):
+    env = dict(os.environ)
+    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=1 "
+                         "--xla_backend_optimization_level=0", JAX_PLATFORMS="cpu",
+               PYTHONPATH=str(ROOT), TR_TEST_JAX_CACHE=str(cache_dir))
+    return env
+
+
+def start(run_dir, env):
+    return subprocess.Popen([sys.executable, str(CHILD), "--run_dir", str(run_dir)], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc) -> dict:
+    out, _ = proc.communicate(timeout=TIMEOUT_S)
+    assert proc.returncode == 0, out[-4000:]
+    done = [line for line in out.splitlines() if line.startswith("DONE ")]
+    return json.loads(done[-1][5:])
+
+
+def records(path):
+    return [json.loads(x) for x in pathlib.Path(path).read_text().splitlines() if x.strip()]
+
+
+def deterministic(summary: dict) -> dict:
+    out = {k: v for k, v in summary.items() if k not in NONDETERMINISTIC}
+    for key in ("explore_rollouts", "replay_rollouts"):
+        out[key] = {k: v for k, v in out.get(key, {}).items() if k not in NONDETERMINISTIC}
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rsr")
+    env = child_env(root / "jax_cache")
+    summaries = finish(start(root / "ref", env))
+    return root, env, summaries
+
+
+def test_rsr_rewrites_successes_and_trains_on_plain_prompts(reference):
+    root, _, summaries = reference
+    run = root / "ref"
+    rsr = summaries["rsr-1"]
+    base = json.loads((run / "base" / "summary.json").read_text())
+    manifest = json.loads((run / "rsr-1" / "stage.json").read_text())
+    assert manifest["kind"] == "rsr" and manifest["finished_step"] == rsr["updates"]
+    # Hand-off: the parent's BPE tokenizer and system prompt, recorded.
+    assert manifest["config"]["tokenizer"] == "tr/stages/gym_tokenizer.json"
+    prompt = manifest["config"]["system_prompt"]
+    assert prompt.startswith("Shell agent in /app.")
+
+    # Explore: K = 2 rollouts of 4 tasks; the parent solves some; every success gets a runbook.
+    explored = records(run / "rsr-1" / "explore.jsonl")
+    assert len(explored) == rsr["explored"] == 8
+    successes = [r for r in explored if r["passed"]]
+    assert len(successes) == rsr["successes"] > 0
+    entries = records(run / "rsr-1" / "runbooks.jsonl")
+    assert [e["episode_id"] for e in entries] == [r["episode_id"] for r in successes]
+    assert all(e["planner"] == "command-list" and e["reviewer"] == "leak-rules" for e in entries)
+    assert rsr["runbooks_accepted"] == sum(e["accept"] for e in entries) > 0
+
+    # Replay: each distinct accepted runbook M = 2 times, the runbook in the task prompt.
+    replays = records(run / "rsr-1" / "replays.jsonl")
+    assert len(replays) == 2 * rsr["replayed_runbooks"] == rsr["replays"]
+    for r in replays:
+        task_id, j = r["task_id"].rsplit("@rb", 1)
+        assert r["messages"][0]["content"] == prompt
+        assert "Runbook (steps that solved this task before):" in r["messages"][1]["content"]
+    assert rsr["accepted_replays"] == sum(bool(r["passed"]) for r in replays) - rsr["replay_leaks"]
+    dataset = json.loads((run / "rsr-1" / "dataset.json").read_text())
+    assert dataset["q_clean"] == min(dataset["accepted_replays"], dataset["q_clean"])
+    assert dataset["q_clean"] == dataset["q_clean_tasks"]                # per_task = 1
+    accepted_ids = {r["episode_id"] for r in replays if r["passed"]}
+    assert set(dataset["q_clean_episodes"]) <= accepted_ids
+
+    # SFT: epochs x ceil(sequences / batch) updates, metrics per update, val at 0 and the end.
+    assert rsr["updates"] == 2 * -(-dataset["sequences"] // 2) > 0
+    lines = records(run / "rsr-1" / "metrics.jsonl")
+    assert [x["step"] for x in lines] == list(range(1, rsr["updates"] + 1))
+    assert all(x["phase"] == "sft" and x["loss_tokens"] > 0 for x in lines)
+    evals = records(run / "rsr-1" / "eval-val.jsonl")
+    assert [e["step"] for e in evals] == [0, rsr["updates"]]
+    assert rsr["retained_step"] in (0, rsr["updates"])
+    assert rsr["actor_hash"] != base["actor_hash"]
+
+    # The critic passed through untouched: Δφ|RSR = 0 (the stage store's hash check).
+    assert manifest["critic_frozen"] is True
+    assert manifest["critic_hash_before"] == manifest["critic_hash_after"] == base["critic_hash"]
+    assert rsr["critic_hash"] == base["critic_hash"]
+
+
+def test_sigkill_mid_sft_then_restart_reproduces_the_uninterrupted_run(reference):
+    root, env, want = reference
+    run = root / "killed"
+    run.mkdir()
+    shutil.copytree(root / "ref" / "base", run / "base")
+    proc = start(run, env)
+    marker = run / "rsr-1" / "metrics.jsonl"          # the first SFT update is written
+    deadline = time.monotonic() + TIMEOUT_S
+    while not (marker.exists() and marker.read_text().strip()):
+        assert proc.poll() is None, proc.stdout.read()[-4000:]
+        assert time.monotonic() < deadline, "timed out waiting for the first SFT update"
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    proc.stdout.read()
+    assert json.loads((run / "rsr-1" / "stage.json").read_text())["finished_step"] is None
+    got = finish(start(run, env))
+    assert deterministic(got["rsr-1"]) == deterministic(want["rsr-1"])
+    strip = lambda lines: [{k: v for k, v in x.items()} for x in lines]  # noqa: E731
+    assert strip(records(run / "rsr-1" / "metrics.jsonl")) == strip(
+        records(root / "ref" / "rsr-1" / "metrics.jsonl"))
