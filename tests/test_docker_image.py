@@ -8,7 +8,8 @@ import textwrap
 import pytest
 
 from tr.envs.images import base as images
-from tr.envs.sandbox import SandboxConfig, make_sandbox
+from tr.envs.backends import make_sandbox
+from tr.envs.sandbox import SandboxConfig
 
 from test_sandbox import docker_problem  # noqa: F401 - shared fixture
 

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from tr.envs.sandbox import SandboxConfig, SandboxError, make_sandbox
+from tr.envs.backends import make_sandbox
+from tr.envs.sandbox import SandboxConfig, SandboxError
 from tr.envs.tasks import load_task
 from tr.envs.tasks.runner import prepare, sandbox_config, verify
 from tr.envs.workspace import ROOT_PREFIX, reap_stale

@@ -14,7 +14,8 @@ import pytest
 
 from tr.envs.images import base as images
 from tr.envs.images import debian
-from tr.envs.sandbox import SandboxConfig, make_sandbox
+from tr.envs.backends import make_sandbox
+from tr.envs.sandbox import SandboxConfig
 from tr.envs.tasks import load_task, runner
 
 from test_sandbox import docker_problem  # noqa: F401 - shared fixture

@@ -361,7 +361,7 @@ def test_tr_partial_attempt_lands_in_between_and_penalties_bite():
     task = load_task(TASKS / "tr-count-errors")
     partial, _ = runner.run_task(task, "partial", "local")
     assert (partial.matched, partial.executed, partial.strict_pass) == (1, 3, False)
-    from tr.envs.sandbox import make_sandbox
+    from tr.envs.backends import make_sandbox
 
     config = runner.sandbox_config(task)
     with make_sandbox("local", config) as box:
@@ -376,7 +376,7 @@ def test_tr_partial_attempt_lands_in_between_and_penalties_bite():
 
 
 def _run_custom(task, commands):
-    from tr.envs.sandbox import make_sandbox
+    from tr.envs.backends import make_sandbox
 
     config = runner.sandbox_config(task)
     with make_sandbox("local", config) as box:
