@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tr.envs.sandbox import (CappedOutput, CommandResult, SandboxConfig, SandboxError, Snapshot,
-                             make_sandbox)
+from tr.envs.backends import make_sandbox
+from tr.envs.sandbox import CappedOutput, CommandResult, SandboxConfig, SandboxError, Snapshot
 from tr.envs.shell import _Scanner
 from tr.envs.workspace import ROOT_PREFIX, default_state_dir
 

@@ -87,13 +87,11 @@ def get_backend(backend: "str | Backend") -> Backend:
         raise ValueError(f"unknown backend {backend!r}; expected one of {sorted(_KNOWN)} or a "
                          "module path defining BACKEND")
     module_name = _KNOWN.get(backend, backend)
-    if module_name == backend and "." not in backend:
-        raise ValueError(f"unknown backend {backend!r}; expected one of {sorted(_KNOWN)} or a "
-                         "module path defining BACKEND")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"backend {backend!r}: cannot import {module_name}: {exc}") from None
+        raise ValueError(f"unknown backend {backend!r}; expected one of {sorted(_KNOWN)} or a "
+                         f"module path defining BACKEND (importing {module_name}: {exc})") from None
     found = getattr(module, "BACKEND", None)
     if not isinstance(found, Backend):
         raise ValueError(f"backend {backend!r}: {module_name} defines no BACKEND "
