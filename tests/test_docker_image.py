@@ -55,6 +55,12 @@ def test_task_image_from_a_dockerfile_whose_base_cannot_be_pulled(docker_problem
     tag = images.build_task_image(tmp_path / "Dockerfile", tmp_path)
     assert tag.startswith("tr-task:")
     assert images.build_task_image(tmp_path / "Dockerfile", tmp_path) == tag   # cached
+    linked = tmp_path.parent / f"{tmp_path.name}-link"     # a task folder reached by a symlink:
+    linked.symlink_to(tmp_path, target_is_directory=True)   # its whole content is the context
+    try:
+        assert images.build_task_image(linked / "Dockerfile", linked) == tag
+    finally:
+        linked.unlink()
     with make_sandbox("docker", SandboxConfig(image=tag, disk_mb=64)) as box:
         r = box.run("cat /app/hello.txt /app/built /opt/tool/t; echo $TASK_VAR; python3 -V")
         assert r.output.startswith("from context\nbuilt\nt\n1\nPython 3.11"), r.output

@@ -261,7 +261,8 @@ def build_task_image(dockerfile, context, log: Callable[[str], None] | None = No
     ``notes``.  The build has the network unless ``network`` is false; ``timeout_s`` bounds
     the wait for the engine's next word (Harbor's ``build_timeout_sec``; default an hour)."""
     log = log or (lambda m: None)
-    dockerfile, context = Path(dockerfile), Path(context)
+    # resolved: a task folder reached through a symlink is sent whole (tarfile keeps links)
+    dockerfile, context = Path(dockerfile).resolve(), Path(context).resolve()
     if not dockerfile.is_file():
         raise FileNotFoundError(f"Dockerfile {dockerfile} does not exist")
     if not context.is_dir():

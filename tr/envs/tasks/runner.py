@@ -91,6 +91,9 @@ def sandbox_config(task: Task, backend="local", base=None):
 def _with_limits(task: Task, config, backend):
     """The task's own resources (Harbor [environment]) over the caller's config; its runtime
     network only when the task asks for it (`allow_internet`), else the config's (off)."""
+    from tr.envs.backends import get_backend
+
+    backend = get_backend(backend)
     env = task.environment
     changes = {}
     if env.network is not None:
