@@ -62,15 +62,20 @@ def _short(row: dict) -> str:
 
 
 def _reason(row: dict) -> str:
-    """One line from the run's own messages: the environment error, the failing turn, the log."""
-    for key in ("error_detail", "stderr"):
-        text = (row.get(key) or "").strip()
-        if text:
-            return " ".join(text.splitlines()[-3:])[:300]
+    """One line from the run's own messages: the environment error, the failing solution turn,
+    the verifier log, else the CLI's stderr (image build output, errors)."""
+    text = (row.get("error_detail") or "").strip()
+    if text:
+        return " ".join(text.splitlines()[-3:])[:300]
     for turn in row.get("turns", []):
         if turn.get("exit_code") not in (0, None) or turn.get("timed_out"):
             return ("solution turn: " + " ".join(turn.get("output", "").splitlines()[-3:]))[:300]
-    return " ".join((row.get("log") or "").splitlines()[-3:])[:300]
+    for key in ("log", "stderr", "stdout"):
+        lines = [ln for ln in (row.get(key) or "").splitlines()
+                 if ln.strip() and not ln.startswith("[image]")]
+        if lines:
+            return " ".join(lines[-3:])[:300]
+    return ""
 
 
 def try_task(task_dir: Path, backend: str, timeout_s: float) -> dict:
@@ -89,6 +94,8 @@ def try_task(task_dir: Path, backend: str, timeout_s: float) -> dict:
     return {"task": task_dir.name, "layout": layout, "reference": _short(ref), "none": _short(none),
             "network": network, "notes": ref.get("notes", []),
             "reason": "" if ref.get("strict_pass") else _reason(ref),
+            "detail": {k: (ref.get(k) or "")[-1500:] if isinstance(ref.get(k), str) else ref.get(k)
+                       for k in ("error", "error_detail", "log", "stderr")},
             "none_reason": "" if not none.get("strict_pass") else "the empty attempt passed",
             "wall_s": [ref.get("wall_s"), none.get("wall_s")]}
 
