@@ -89,22 +89,19 @@ def test_a_backend_behaves_as_the_protocol_says(backend, tmp_path):  # noqa: F81
         (tmp_path / "in" / "g.txt").write_text("two")
         box.copy_in(tmp_path / "in", "/app/in")
         assert box.run("cat /app/in/g.txt").output == "two"
-        snap = box.snapshot(persist=True)
-        try:
-            assert snap.backend == backend and json.loads(json.dumps(snap.__dict__))
-            box.remove_path("/app/d")
-            box.remove_path("/app/never-there")                            # missing: fine
-            assert box.run("test -e /app/d; echo $?").output.strip() == "1"
-            box.run("sleep 300 &")
-            box.restore(snap)                                              # ends the session
-            assert box.read_file("/app/d/f.txt") == b"one"
-            assert box.run("jobs | wc -l").output.strip() == "0"
-            with box.fork(snap) as child:
-                assert child.alive() and child.read_file("/app/in/g.txt") == b"two"
-                child.write_file("/app/in/g.txt", "changed")
-            assert box.read_file("/app/in/g.txt") == b"two"                # forks are apart
-        finally:
-            discard_snapshot(snap)
+        snap = box.snapshot(persist=False)      # dies with the sandbox
+        assert snap.backend == backend and json.loads(json.dumps(snap.__dict__))
+        box.remove_path("/app/d")
+        box.remove_path("/app/never-there")                            # missing: fine
+        assert box.run("test -e /app/d; echo $?").output.strip() == "1"
+        box.run("sleep 300 &")
+        box.restore(snap)                                              # ends the session
+        assert box.read_file("/app/d/f.txt") == b"one"
+        assert box.run("jobs | wc -l").output.strip() == "0"
+        with box.fork(snap) as child:
+            assert child.alive() and child.read_file("/app/in/g.txt") == b"two"
+            child.write_file("/app/in/g.txt", "changed")
+        assert box.read_file("/app/in/g.txt") == b"two"                # forks are apart
         other = "docker" if backend == "local" else "local"
         with pytest.raises(SandboxError, match=f"cannot restore a '{other}' snapshot"):
             box.restore(snap.__class__(id="x", backend=other, location=str(tmp_path)))
@@ -118,6 +115,7 @@ def test_a_backend_behaves_as_the_protocol_says(backend, tmp_path):  # noqa: F81
     assert not box.alive()
     with pytest.raises(SandboxError, match="closed"):
         box.run("true")
+    assert not Path(snap.location).exists()
 
 
 BACKEND_FILE = '''\
