@@ -81,6 +81,21 @@ def test_ubuntu_names_are_mapped_and_unknown_packages_named(standin, tmp_path):
            "ubuntu:24.04" in message and "docker pull ubuntu:24.04" in message, message
 
 
+def test_ubuntu_ppas_are_skipped_with_a_note(standin, tmp_path):
+    (tmp_path / "Dockerfile").write_text(
+        "FROM ubuntu:22.04\nRUN add-apt-repository -y ppa:deadsnakes/ppa && apt-get update -qq "
+        "&& apt-get install -y -qq python3.11-venv >/dev/null && echo ppa-free > /ppa.txt\n")
+    notes: list[str] = []
+    tag = images.build_task_image(tmp_path / "Dockerfile", tmp_path, notes=notes)
+    try:
+        assert any("ppa:deadsnakes/ppa` (an Ubuntu PPA) is skipped" in n for n in notes), notes
+        with make_sandbox("docker", SandboxConfig(image=tag, disk_mb=64)) as box:
+            assert box.read_file("/ppa.txt") == b"ppa-free\n"
+    finally:
+        from tr.envs.docker_sandbox import remove_image
+        remove_image(tag)
+
+
 def test_tbench_task_on_the_standin_passes_and_records_it(standin):
     task = load_task(TASKS / "tb1-py-inventory")
     solved, turns = runner.run_task(task, "solution", "docker")

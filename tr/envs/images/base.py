@@ -305,6 +305,9 @@ def _available(client, image: str, log: Callable[[str], None]) -> tuple[bool, st
     return _image_exists(client, image), ""
 
 
+_PPA = re.compile(r"\badd-apt-repository\s+(?:-\S+\s+)*['\"]?ppa:[^\s'\"&;|]+['\"]?")
+
+
 def _standin_lines(instruction_text: str) -> str:
     """A RUN line in a stand-in stage with Ubuntu apt package names mapped to Debian's."""
     from tr.envs.tasks.packages import debian_name
@@ -362,6 +365,12 @@ def _rewrite(client, dockerfile: Path, log, notes: list) -> tuple[str, list[str]
         line = _multi_source_copy(line)
         if standin_stage:
             line = _standin_lines(line)
+            ppa = _PPA.search(line)
+            if ppa:       # Launchpad PPAs are Ubuntu's: Debian's own packages stand in for them
+                line = _PPA.sub("true", line)
+                notes.append(f"{dockerfile.name}: `{ppa.group(0).strip()}` (an Ubuntu PPA) is "
+                             "skipped on the Debian stand-in; its packages come from Debian")
+                log(notes[-1])
             other = re.search(r"/usr/local/lib/python3\.(\d+)|\bpython3\.(\d+)\b", line)
             if other and (other.group(1) or other.group(2)) != debian.PYTHON_MINOR and not any(
                     "other Python" in n for n in notes):
