@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from tr.envs.tasks import loader  # noqa: E402
 
-_UNREACHABLE = re.compile(r"could not reach|Could not resolve|Temporary failure in name resolution|"
+_UNREACHABLE = re.compile(r"could not reach|Could not resolve|Temporary failure (in name resolution|resolving)|"
                           r"Network is unreachable|Failed to establish a new connection")
 
 
