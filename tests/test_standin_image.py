@@ -42,7 +42,7 @@ def test_standin_is_a_debian_with_apt_python_pip_venv(standin):
                     "python3 -m venv /tmp/v && /tmp/v/bin/python -c 'print(1)'; "
                     # apt's own user writes /tmp (apt-get update at run time): the area keeps 1777
                     "stat -c %a /tmp; su -s /bin/sh _apt -c 'touch /tmp/apt-probe' && echo apt-ok",
-                    timeout_s=60)
+                    timeout_s=300)   # venv + ensurepip: 107 s at load 30
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
     assert lines[:3] == [debian.SUITE, "/usr/bin/apt-get", "/usr/bin/dpkg"]
