@@ -74,6 +74,7 @@ def test_ubuntu_names_are_mapped_and_unknown_packages_named(standin, tmp_path):
     text, replaced = images._rewrite(images.docker_client(), tmp_path / "Dockerfile",
                                      lambda m: None, [])
     assert replaced == ["ubuntu:24.04"] and "apt-get install -y libtinfo6 tr-no-such-pkg" in text
+    assert "ENV PIP_BREAK_SYSTEM_PACKAGES=1" in text   # apt may bring EXTERNALLY-MANAGED back
     with pytest.raises(RuntimeError) as info:
         images.build_task_image(tmp_path / "Dockerfile", tmp_path)
     message = str(info.value)

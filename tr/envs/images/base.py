@@ -359,6 +359,8 @@ def _rewrite(client, dockerfile: Path, log, notes: list) -> tuple[str, list[str]
             if alias:
                 stages.add(alias.group(1).lower())
             out.append(f"{m.group(1)}{image}{rest}")
+            if standin_stage:       # pip installs system-wide as in python images, also over
+                out.append("ENV PIP_BREAK_SYSTEM_PACKAGES=1")   # a Debian python3.X reinstalled by apt
             if standin_stage and _TBENCH.match(m.group(2)):
                 out.append("WORKDIR /app")      # what t-bench's own base images set
             continue
