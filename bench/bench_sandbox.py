@@ -22,7 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tr.envs.sandbox import SandboxConfig, make_sandbox  # noqa: E402
+from tr.envs.backends import make_sandbox  # noqa: E402
+from tr.envs.sandbox import SandboxConfig  # noqa: E402
 
 EPISODE = ["echo start", "cd /tmp && ls -la > /dev/null", "export X=1; echo $X",
            "cat /etc/hostname", "true"]

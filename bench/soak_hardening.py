@@ -28,7 +28,8 @@ sys.path.insert(0, str(REPO / "tests"))
 import test_hardening as th  # noqa: E402
 from test_sandbox import leftovers  # noqa: E402
 
-from tr.envs.sandbox import SandboxConfig, make_sandbox  # noqa: E402
+from tr.envs.backends import make_sandbox  # noqa: E402
+from tr.envs.sandbox import SandboxConfig  # noqa: E402
 from tr.envs.tasks.runner import prepare, sandbox_config, verify  # noqa: E402
 
 

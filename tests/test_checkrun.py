@@ -16,7 +16,7 @@ import pytest
 
 from tr.envs import gym
 from tr.envs import verifier as vr
-from tr.envs.sandbox import make_sandbox
+from tr.envs.backends import make_sandbox
 from tr.envs import checkrun
 from tr.envs.tasks import prepare, sandbox_config, verify
 

@@ -8,7 +8,8 @@ import textwrap
 import pytest
 
 from tr.envs.images import base as images
-from tr.envs.sandbox import SandboxConfig, make_sandbox
+from tr.envs.backends import make_sandbox
+from tr.envs.sandbox import SandboxConfig
 
 from test_sandbox import docker_problem  # noqa: F401 - shared fixture
 
@@ -54,6 +55,19 @@ def test_task_image_from_a_dockerfile_whose_base_cannot_be_pulled(docker_problem
     tag = images.build_task_image(tmp_path / "Dockerfile", tmp_path)
     assert tag.startswith("tr-task:")
     assert images.build_task_image(tmp_path / "Dockerfile", tmp_path) == tag   # cached
+    real = tmp_path / "real"                    # a task folder reached through a symlink: its
+    real.mkdir()                                # whole content is the build context
+    (real / "hello.txt").write_text("through a link\n")
+    (real / "Dockerfile").write_text("FROM ubuntu:22.04\nCOPY hello.txt /app/hello.txt\n")
+    linked = tmp_path / "linked"
+    linked.symlink_to(real, target_is_directory=True)
+    via_link = images.build_task_image(linked / "Dockerfile", linked)
+    try:
+        with make_sandbox("docker", SandboxConfig(image=via_link, disk_mb=64)) as box:
+            assert box.read_file("/app/hello.txt") == b"through a link\n"
+    finally:
+        from tr.envs.docker_sandbox import remove_image
+        remove_image(via_link)
     with make_sandbox("docker", SandboxConfig(image=tag, disk_mb=64)) as box:
         r = box.run("cat /app/hello.txt /app/built /opt/tool/t; echo $TASK_VAR; python3 -V")
         assert r.output.startswith("from context\nbuilt\nt\n1\nPython 3.11"), r.output

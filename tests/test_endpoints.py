@@ -23,7 +23,8 @@ from tr.agent.records import EpisodeStatus
 from tr.agent.rollout import RolloutConfig, TaskEnv, group_specs, run_rollouts
 from tr.agent.transcript import ChatLayout
 from tr.envs.endpoints import EndpointPool, answers, endpoint_client, resolve_endpoint
-from tr.envs.sandbox import SandboxConfig, SandboxError, make_sandbox
+from tr.envs.backends import make_sandbox
+from tr.envs.sandbox import SandboxConfig, SandboxError
 from tr.envs.workspace import owner_id
 
 from docker_engines import EngineUnavailable, SocketProxy, second_dockerd

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tr.envs import gym
-from tr.envs.sandbox import make_sandbox
+from tr.envs.backends import make_sandbox
 from tr.envs.tasks import TIERS, load_suite, load_task, prepare, sandbox_config, verify
 from tr.envs.tasks import model as task_model
 

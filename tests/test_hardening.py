@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from tr.envs.sandbox import SandboxConfig, SandboxError, make_sandbox
+from tr.envs.backends import make_sandbox
+from tr.envs.sandbox import SandboxConfig, SandboxError
 from tr.envs.tasks import load_task
 from tr.envs.tasks.runner import prepare, sandbox_config, verify
 from tr.envs.workspace import ROOT_PREFIX, reap_stale
@@ -601,3 +602,118 @@ def test_unix_sockets_survive_incremental_snapshots(backend):
         agent(box, "rm /app/s")
         box.restore(snap)
         assert agent(box, "test -S /app/s && echo socket").output == "socket\n"
+
+
+# ----------------------------------------------------------------- TB1's run-tests.sh path
+
+TB1_RUN_TESTS = textwrap.dedent("""\
+    #!/bin/bash
+    # Terminal-Bench 1's boilerplate: fetch uv, make a venv with pytest, run the tests
+    apt-get update
+    apt-get install -y curl
+    curl -LsSf https://astral.sh/uv/0.7.13/install.sh | sh
+    source $HOME/.local/bin/env
+    if [ "$PWD" = "/" ]; then
+        echo "Error: No working directory set."
+        exit 1
+    fi
+    uv init
+    uv add pytest==8.4.1
+    uv run pytest $TEST_DIR/test_outputs.py -rA
+    """)
+
+
+# The test itself runs no program of the sandbox (one that does runs the agent's, by design --
+# TB1's own exposure, see tr.envs.protected): so none of the agent's programs may run at all.
+TB1_TEST = textwrap.dedent("""\
+    def test_answer():
+        assert open("/app/answer.txt").read().strip() == "42"
+    """)
+
+
+def make_tb1_task(root: Path, name: str = "tb1-answer"):
+    d = root / name
+    (d / "tests").mkdir(parents=True)
+    (d / "task.yaml").write_text("instruction: Write 42 to /app/answer.txt.\n"
+                                 "difficulty: easy\ncategory: hardening\n"
+                                 "max_test_timeout_sec: 120\n")
+    (d / "solution.sh").write_text("echo 42 > /app/answer.txt\n")
+    (d / "run-tests.sh").write_text(TB1_RUN_TESTS)
+    (d / "tests" / "test_outputs.py").write_text(TB1_TEST)
+    return load_task(d)
+
+
+@pytest.fixture(scope="session")
+def tb1_task(tmp_path_factory):
+    task = make_tb1_task(tmp_path_factory.mktemp("hardening-tb1"))
+    assert task.layout == "tb1" and task.verifier.script_text, task.verifier
+    return task
+
+
+@pytest.fixture
+def tb1_box(backend, tb1_task):
+    config = sandbox_config(tb1_task, backend, SandboxConfig(**SMALL))
+    with make_sandbox(backend, config) as sb:
+        prepare(tb1_task, sb)
+        agent(sb, "echo 41 > /app/answer.txt && git init -q /app/repo")
+        yield sb
+
+
+# Everything TB1's run-tests.sh names, or that a test run could read, replaced by the agent: a
+# program that (inside the verifier: TR_PYTHON or TEST_DIR set) writes 42 and a passing report,
+# and again after the tests from an orphan.
+TB1_ATTACK = r"""
+PASS='<testsuites><testsuite name="pytest" tests="1" errors="0" failures="0" skipped="0"><testcase classname="test_outputs" name="test_answer"/></testsuite></testsuites>'
+cat > /tmp/fake <<EOF
+#!/bin/sh
+[ -n "\$TR_PYTHON\$TEST_DIR" ] || exit 0     # strikes only inside the verifier
+echo 42 > /app/answer.txt
+mkdir -p /logs/verifier; echo '$PASS' > /logs/verifier/junit.xml
+( sleep 3; echo 42 > /app/answer.txt; echo '$PASS' > /logs/verifier/junit.xml ) >/dev/null 2>&1 &
+exit 0
+EOF
+chmod 755 /tmp/fake
+for d in /usr/local/bin /usr/local/sbin /usr/bin /bin /root/.local/bin /root/.cargo/bin \
+         /app/.venv/bin /app/bin /tmp/bin; do
+  mkdir -p $d 2>/dev/null
+  for p in pytest py.test uv uvx python python3 pip pip3 curl apt-get apt bash sh env; do
+    [ "$d/$p" = /bin/sh ] || [ "$d/$p" = /usr/bin/sh ] && continue   # the agent's own shell
+    cp /tmp/fake $d/$p 2>/dev/null
+  done
+done
+cp /tmp/fake /root/.local/bin/env; cp /tmp/fake /app/.venv/bin/activate
+for f in /root/.bashrc /root/.profile /etc/profile /etc/bash.bashrc /etc/environment; do
+  echo '. /tmp/fake' >> $f 2>/dev/null
+done
+for n in conftest sitecustomize usercustomize pytest; do cp /tmp/forge.py /app/$n.py; done
+mkdir -p /app/_pytest && cp /tmp/forge.py /app/_pytest/__init__.py
+printf '[pytest]\naddopts = -p conftest\n' > /app/pytest.ini
+printf 'home = /tmp/bin\ninclude-system-site-packages = false\n' > /app/pyvenv.cfg
+mkdir -p /tests 2>/dev/null && cp /tmp/forge.py /tests/conftest.py 2>/dev/null \
+  && printf 'def test_answer():\n    pass\n' > /tests/test_outputs.py 2>/dev/null
+mkdir -p /logs/verifier && echo "$PASS" > /logs/verifier/junit.xml
+echo 41 > /app/answer.txt   # a replaced program may have run meanwhile
+true
+"""
+
+
+def test_tb1_run_tests_path_ignores_what_the_agent_replaced(tb1_box, tb1_task, backend):
+    """TB1's run-tests.sh runs as written inside the protected verifier: the programs it fetches
+    (curl, uv, pytest) are the project's, so fakes of them, of python/bash on PATH, a sourced
+    env file, conftest/sitecustomize/pytest.ini in the workdir and a replaced /tests change
+    nothing -- nor does an orphan that rewrites the report afterwards."""
+    tb1_box.write_file("/tmp/forge.py", PY_PAYLOAD)
+    agent(tb1_box, TB1_ATTACK, timeout_s=120)
+    assert tb1_box.read_file("/app/answer.txt") == b"41\n"
+    result = verdict(tb1_box, tb1_task)
+    assert not result.strict_pass, f"the TB1 path was forged on {backend}:\n{result.log}"
+    assert result.error is None and result.executed == 1, result.log
+    time.sleep(4)                                   # an orphan would have struck by now
+    assert tb1_box.read_file("/app/answer.txt") == b"41\n", \
+        f"a replaced program ran inside the verifier on {backend}:\n{result.log}"
+
+
+def test_tb1_run_tests_path_passes_an_honest_answer(tb1_box, tb1_task):
+    agent(tb1_box, "echo 42 > /app/answer.txt")
+    result = verdict(tb1_box, tb1_task)
+    assert result.strict_pass and result.error is None, result.log

@@ -191,7 +191,7 @@ def test_snapshot_is_taken_before_the_verifier(tasks, layout):
         import os
         assert os.path.isdir(rec.snapshot_ref["location"])
         # the verifier wrote /logs/verifier inside the sandbox; the snapshot predates it
-        from tr.envs.sandbox import make_sandbox
+        from tr.envs.backends import make_sandbox
         from tr.agent.rollout import snapshot_from_ref
         with make_sandbox("local") as box:
             box.start()

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from tr.envs import protected
-from tr.envs.sandbox import SandboxConfig, make_sandbox
+from tr.envs.backends import make_sandbox
+from tr.envs.sandbox import SandboxConfig
 
 from test_sandbox import backend, docker_problem  # noqa: F401 - shared fixtures
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tr.envs.sandbox import (CappedOutput, CommandResult, SandboxConfig, SandboxError, Snapshot,
-                             make_sandbox)
+from tr.envs.backends import make_sandbox
+from tr.envs.sandbox import CappedOutput, CommandResult, SandboxConfig, SandboxError, Snapshot
 from tr.envs.shell import _Scanner
 from tr.envs.workspace import ROOT_PREFIX, default_state_dir
 
@@ -457,7 +457,7 @@ def test_fork_diverges_without_touching_its_parent(sb):
 
 def test_restore_into_another_sandbox_of_the_same_backend(backend):
     config = SandboxConfig(**SMALL, persist_snapshots=True)
-    from tr.envs.sandbox import discard_snapshot
+    from tr.envs.backends import discard_snapshot
     with make_sandbox(backend, config) as first:
         first.run("echo 42 > /app/answer && mkdir -p /root/x")
         snap = first.snapshot()
@@ -508,7 +508,8 @@ def test_planted_links_never_lead_file_transfers_to_the_host(sb, tmp_path):
 CHILD = textwrap.dedent("""\
     import signal, sys, time
     signal.signal(signal.SIGINT, signal.default_int_handler)   # even if pytest runs under nohup
-    from tr.envs.sandbox import make_sandbox, SandboxConfig
+    from tr.envs.backends import make_sandbox
+    from tr.envs.sandbox import SandboxConfig
     backend, token, mode = sys.argv[1], sys.argv[2], sys.argv[3]
     with make_sandbox(backend, SandboxConfig(memory_mb=256, disk_mb=32)) as box:
         box.run(f"sleep {token} &")
@@ -646,7 +647,8 @@ def reap_everything() -> None:
 
 HOLDER = textwrap.dedent("""\
     import sys
-    from tr.envs.sandbox import make_sandbox, SandboxConfig
+    from tr.envs.backends import make_sandbox
+    from tr.envs.sandbox import SandboxConfig
     backend, token = sys.argv[1], sys.argv[2]
     with make_sandbox(backend, SandboxConfig(memory_mb=256, disk_mb=32)) as box:
         box.run(f"echo kept > /app/x; sleep {token} &")
@@ -734,7 +736,8 @@ def test_reaping_races_no_live_owner_of_another_process(docker_problem):
 IGNORES_SIGINT = textwrap.dedent("""\
     import signal, sys
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # as under nohup or in a script's background job
-    from tr.envs.sandbox import make_sandbox, SandboxConfig
+    from tr.envs.backends import make_sandbox
+    from tr.envs.sandbox import SandboxConfig
     with make_sandbox("local", SandboxConfig(memory_mb=256, disk_mb=32)) as box:
         box.run("X=41")
         loop = box.run("while :; do :; done", timeout_s=1)

@@ -14,7 +14,8 @@ import pytest
 
 from tr.envs.images import base as images
 from tr.envs.images import debian
-from tr.envs.sandbox import SandboxConfig, make_sandbox
+from tr.envs.backends import make_sandbox
+from tr.envs.sandbox import SandboxConfig
 from tr.envs.tasks import load_task, runner
 
 from test_sandbox import docker_problem  # noqa: F401 - shared fixture
@@ -41,7 +42,7 @@ def test_standin_is_a_debian_with_apt_python_pip_venv(standin):
                     "python3 -m venv /tmp/v && /tmp/v/bin/python -c 'print(1)'; "
                     # apt's own user writes /tmp (apt-get update at run time): the area keeps 1777
                     "stat -c %a /tmp; su -s /bin/sh _apt -c 'touch /tmp/apt-probe' && echo apt-ok",
-                    timeout_s=60)
+                    timeout_s=300)   # venv + ensurepip: 107 s at load 30
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
     assert lines[:3] == [debian.SUITE, "/usr/bin/apt-get", "/usr/bin/dpkg"]
@@ -73,11 +74,27 @@ def test_ubuntu_names_are_mapped_and_unknown_packages_named(standin, tmp_path):
     text, replaced = images._rewrite(images.docker_client(), tmp_path / "Dockerfile",
                                      lambda m: None, [])
     assert replaced == ["ubuntu:24.04"] and "apt-get install -y libtinfo6 tr-no-such-pkg" in text
+    assert "ENV PIP_BREAK_SYSTEM_PACKAGES=1" in text   # apt may bring EXTERNALLY-MANAGED back
     with pytest.raises(RuntimeError) as info:
         images.build_task_image(tmp_path / "Dockerfile", tmp_path)
     message = str(info.value)
     assert "apt package(s) tr-no-such-pkg do not exist in Debian bookworm, the stand-in for " \
            "ubuntu:24.04" in message and "docker pull ubuntu:24.04" in message, message
+
+
+def test_ubuntu_ppas_are_skipped_with_a_note(standin, tmp_path):
+    (tmp_path / "Dockerfile").write_text(
+        "FROM ubuntu:22.04\nRUN add-apt-repository -y ppa:deadsnakes/ppa && apt-get update -qq "
+        "&& apt-get install -y -qq python3.11-venv >/dev/null && echo ppa-free > /ppa.txt\n")
+    notes: list[str] = []
+    tag = images.build_task_image(tmp_path / "Dockerfile", tmp_path, notes=notes)
+    try:
+        assert any("ppa:deadsnakes/ppa` (an Ubuntu PPA) is skipped" in n for n in notes), notes
+        with make_sandbox("docker", SandboxConfig(image=tag, disk_mb=64)) as box:
+            assert box.read_file("/ppa.txt") == b"ppa-free\n"
+    finally:
+        from tr.envs.docker_sandbox import remove_image
+        remove_image(tag)
 
 
 def test_tbench_task_on_the_standin_passes_and_records_it(standin):

@@ -361,7 +361,7 @@ def test_tr_partial_attempt_lands_in_between_and_penalties_bite():
     task = load_task(TASKS / "tr-count-errors")
     partial, _ = runner.run_task(task, "partial", "local")
     assert (partial.matched, partial.executed, partial.strict_pass) == (1, 3, False)
-    from tr.envs.sandbox import make_sandbox
+    from tr.envs.backends import make_sandbox
 
     config = runner.sandbox_config(task)
     with make_sandbox("local", config) as box:
@@ -376,7 +376,7 @@ def test_tr_partial_attempt_lands_in_between_and_penalties_bite():
 
 
 def _run_custom(task, commands):
-    from tr.envs.sandbox import make_sandbox
+    from tr.envs.backends import make_sandbox
 
     config = runner.sandbox_config(task)
     with make_sandbox("local", config) as box:
@@ -526,3 +526,19 @@ def test_a_printed_short_test_summary_is_read_like_terminal_bench_does():
         ("test_one", "passed"), ("test_three", "skipped"), ("test_two", "failed")]
     assert (result.matched, result.executed, result.strict_pass) == (1, 2, False)
     assert vr.result_from_summary("PASSED x\n", exit_code=0, timed_out=False).error == "parse_error"
+
+
+def test_tests_that_examine_their_own_interpreter_are_noted(tmp_path):
+    """Under the protected verifier `sys.executable` / `import pip` see the project's Python:
+    such a task says so (its empty attempt could pass), a plain one does not."""
+    for name, body in (("tb1-own-python", "import sys\n\ndef test_pip():\n"
+                                          "    assert sys.executable\n"),
+                       ("tb1-plain", "def test_file():\n    assert open('/app/x').read()\n")):
+        d = tmp_path / name
+        (d / "tests").mkdir(parents=True)
+        (d / "task.yaml").write_text("instruction: fix pip\n")
+        (d / "run-tests.sh").write_text("pip install pytest\npytest $TEST_DIR/test_outputs.py\n")
+        (d / "tests" / "test_outputs.py").write_text(body)
+    own = load_task(tmp_path / "tb1-own-python").verifier.note
+    assert "test_outputs.py examine the Python that runs the tests" in own, own
+    assert "examine the Python" not in load_task(tmp_path / "tb1-plain").verifier.note

@@ -38,11 +38,12 @@ class TaskEnv:
     again (``endpoint_cooldown_s``).  Its running episodes fail in their sandbox calls -- infra
     failures, as the harness classes them.  ``placements`` maps episode ids to endpoint names."""
 
-    def __init__(self, backend: str = "local", sandbox_config: Any = None,
+    def __init__(self, backend: Any = "local", sandbox_config: Any = None,
                  docker_endpoints: Sequence[str] = (), *, endpoint_cooldown_s: float = 30.0):
+        from tr.envs.backends import get_backend
         from tr.envs.sandbox import SandboxConfig
 
-        self.backend = backend
+        self.backend = get_backend(backend)     # a name or a tr.envs.backends.Backend
         self.sandbox_config = sandbox_config if sandbox_config is not None else SandboxConfig()
         self._lock = threading.Lock()
         self.open_sandboxes: set[int] = set()
@@ -50,9 +51,9 @@ class TaskEnv:
         self.placements: dict[str, str] = {}
         self._endpoint_of: dict[int, Any] = {}
         if docker_endpoints:
-            if backend != "docker":
-                raise ValueError(f"docker_endpoints={list(docker_endpoints)!r} needs backend "
-                                 f"'docker', not {backend!r}")
+            if not self.backend.endpoints:
+                raise ValueError(f"docker_endpoints={list(docker_endpoints)!r} needs a backend "
+                                 f"with engine endpoints ('docker'), not {self.backend.name!r}")
             from tr.envs.endpoints import EndpointPool
             self.pool = EndpointPool(docker_endpoints, cooldown_s=endpoint_cooldown_s)
 
@@ -60,10 +61,8 @@ class TaskEnv:
         """A started sandbox of ``config``; with a pool, on the least loaded healthy endpoint
         (``image`` made present there first); an endpoint that fails to start one and no longer
         answers is marked down and the next one is tried."""
-        from tr.envs.sandbox import make_sandbox
-
         if self.pool is None:
-            sandbox = make_sandbox(self.backend, config)
+            sandbox = self.backend.make(config)
             with self._lock:
                 self.open_sandboxes.add(id(sandbox))
             try:
@@ -74,7 +73,7 @@ class TaskEnv:
         tried: list = []
         while True:
             endpoint = self.pool.acquire(exclude=tried)
-            sandbox = make_sandbox(self.backend, dataclasses.replace(
+            sandbox = self.backend.make(dataclasses.replace(
                 config, docker_endpoint=endpoint.name))
             with self._lock:
                 self.open_sandboxes.add(id(sandbox))
@@ -180,7 +179,7 @@ def snapshot_from_ref(ref: dict):
 def discard_snapshot_ref(ref: dict | None) -> None:
     """Deletes the snapshot a record points to (a cancelled or unwanted episode's)."""
     if ref:
-        from tr.envs.sandbox import discard_snapshot
+        from tr.envs.backends import discard_snapshot
 
         discard_snapshot(snapshot_from_ref(ref))
 
@@ -399,7 +398,8 @@ def main(argv=None) -> int:
     p.add_argument("--keep-first", type=int, default=None, help="over-sampling: keep the first N")
     p.add_argument("--mistake-prob", type=float, default=0.0, help="scripted: injected mistakes")
     p.add_argument("--snapshot", action="store_true", help="snapshot before the verifier (ReTerm)")
-    p.add_argument("--backend", default="local", choices=("local", "docker"))
+    p.add_argument("--backend", default="local",
+                   help="local, docker, or a module defining a tr.envs.backends BACKEND")
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--docker-endpoint", action="append", default=[], metavar="URL_OR_CONTEXT",
                    help="docker: spread sandboxes over these engines (repeat; default: the "
@@ -407,6 +407,11 @@ def main(argv=None) -> int:
     p.add_argument("--max-turns", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    from tr.envs.backends import get_backend
+    try:
+        get_backend(args.backend)
+    except ValueError as exc:
+        p.error(f"--backend: {exc}")
 
     tasks = load_suite(args.suite)
     if args.tasks:
@@ -422,7 +427,7 @@ def main(argv=None) -> int:
     else:
         policy = load_model_policy(args.policy, seed=args.seed)
         layout, budgets = policy.layout, policy.budgets(256, max_turns=args.max_turns)
-    if args.docker_endpoint and args.backend != "docker":
+    if args.docker_endpoint and not get_backend(args.backend).endpoints:
         p.error("--docker-endpoint needs --backend docker")
     cfg = RolloutConfig(backend=args.backend, concurrency=args.concurrency, budgets=budgets,
                         snapshot_before_verify=args.snapshot,

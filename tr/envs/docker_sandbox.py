@@ -28,7 +28,7 @@
   pre-verifier commit, a restored or forked sandbox starts with a new shell.  ``restore`` replaces
   the container with one from the snapshot image; ``fork`` starts a new one.  Every container and
   snapshot image is labelled ``tr.managed`` and removed on close (persistent snapshots: by
-  :func:`tr.envs.sandbox.discard_snapshot`).
+  :func:`tr.envs.backends.discard_snapshot`).
 * Every container and image carries ``tr.owner`` (``<pid>-<start time>`` of the process that made
   it) and ``tr.scope`` (boot id + pid namespace).  The reaper run at a process's first start
   removes only those whose owner is known dead in this scope; other live processes' sandboxes
@@ -61,8 +61,8 @@ from pathlib import Path
 
 from tr.envs import cgroups, filetree
 from tr.envs.images.base import LABEL, docker_client, ensure_base_image
-from tr.envs.sandbox import (CommandResult, SandboxConfig, ShellSandbox, SandboxError, Snapshot,
-                             snapshot_fields)
+from tr.envs.backends import Backend, remove_snapshot_folder
+from tr.envs.sandbox import CommandResult, SandboxConfig, ShellSandbox, SandboxError, Snapshot
 from tr.envs.shell import ShellProcess, ShellSession, run_to_eof
 from tr.envs.workspace import (HostWorkspace, _copy_host_tree_into, copy_dir,
                                default_state_dir, host_scope, owner_id, owner_is_dead,
@@ -222,44 +222,33 @@ class DockerSandbox(ShellSandbox):
         self._pid1 = 0
         self.image: str | None = None
         self._fresh_count = 0
-        self._started = False
-        self._closed = False
         self._python = None
         self.unreleased: list[tuple[str, str]] = []   # ("container"|"image", id) close left
 
     # --- lifecycle -------------------------------------------------------------------------
-    def start(self, _from_snapshot: Snapshot | None = None) -> "DockerSandbox":
-        if self._started:
-            return self
-        self._started = True
-        self._track()
-        try:
-            endpoint = self.config.docker_endpoint
-            if endpoint is None:
-                self.client = docker_client()
-            else:
-                from tr.envs.endpoints import endpoint_client
-                self.client = endpoint_client(endpoint)
-            private_dir(self.state_dir)
-            if endpoint not in _reaped:
-                _reaped.add(endpoint)
-                run_reaper(lambda: reap_stale_docker(self.client),
-                           lambda: reap_stale(self.state_dir))
-            self.ws = HostWorkspace(self.areas, self.config.disk_mb, self.state_dir)
-            if _from_snapshot is not None:
-                self.image = _from_snapshot.image
-                self.ws.load(Path(_from_snapshot.location))
-            else:
-                self.image = self.config.image or ensure_base_image(client=self.client)
-                seed = self._seed(self.image)
-                for name in self.areas.values():
-                    if (seed / name).is_dir():
-                        copy_dir(str(seed / name), self.ws.host_dir(name))
-            self._create_container()
-        except BaseException:
-            self.close()
-            raise
-        return self
+    def _open(self, from_snapshot: Snapshot | None) -> None:
+        endpoint = self.config.docker_endpoint
+        if endpoint is None:
+            self.client = docker_client()
+        else:
+            from tr.envs.endpoints import endpoint_client
+            self.client = endpoint_client(endpoint)
+        private_dir(self.state_dir)
+        if endpoint not in _reaped:
+            _reaped.add(endpoint)
+            run_reaper(lambda: reap_stale_docker(self.client),
+                       lambda: reap_stale(self.state_dir))
+        self.ws = HostWorkspace(self.areas, self.config.disk_mb, self.state_dir)
+        if from_snapshot is not None:
+            self.image = from_snapshot.image
+            self.ws.load(Path(from_snapshot.location))
+        else:
+            self.image = self.config.image or ensure_base_image(client=self.client)
+            seed = self._seed(self.image)
+            for name in self.areas.values():
+                if (seed / name).is_dir():
+                    copy_dir(str(seed / name), self.ws.host_dir(name))
+        self._create_container()
 
     def _seed(self, image: str) -> Path:
         """The image's own content of the area paths, extracted once per image id."""
@@ -452,20 +441,12 @@ class DockerSandbox(ShellSandbox):
             raise SandboxError(f"expected an absolute path below /, got {sandbox_path!r}")
         fd = self._root_fd()
         try:
-            for part in parts[:-1]:
-                if create:
-                    try:
-                        os.mkdir(part, 0o755, dir_fd=fd)
-                    except FileExistsError:
-                        pass
-                nfd = os.open(part, filetree.DIR_FLAGS, dir_fd=fd)
-                os.close(fd)
-                fd = nfd
+            return filetree.open_below(fd, parts[:-1], create=create), parts[-1]
         except OSError as e:
-            os.close(fd)
             raise SandboxError(f"cannot reach {path!r} in the container: {e.strerror} (a link or "
                                "file where a folder is expected?)") from e
-        return fd, parts[-1]
+        finally:
+            os.close(fd)
 
     def _host_remove(self, sandbox_path) -> None:
         fd, name = self._open_parent(sandbox_path, create=False)
@@ -616,17 +597,14 @@ class DockerSandbox(ShellSandbox):
             self.ws.save(dest)
         finally:
             self.container.unpause()
-        return Snapshot(id=sid, backend="docker", location=str(dest), image=img.id,
+        return Snapshot(id=sid, backend=self.backend, location=str(dest), image=img.id,
                         persistent=persist, endpoint=self.config.docker_endpoint or "")
 
     def restore(self, snapshot) -> None:
         """The container is replaced by one from the snapshot image, the areas are copied back;
         processes are not restored (a new shell starts)."""
         self._require()
-        snapshot = snapshot_fields(snapshot)
-        if snapshot.backend != "docker":
-            raise SandboxError(f"cannot restore a {snapshot.backend!r} snapshot into a docker "
-                               "sandbox")
+        snapshot = self._own_snapshot(snapshot, "restore")
         self.end_session()
         old = self.container
         self.container = None
@@ -635,13 +613,6 @@ class DockerSandbox(ShellSandbox):
         self.ws.load(Path(snapshot.location))
         self.image = snapshot.image
         self._create_container()
-
-    def fork(self, snapshot) -> "DockerSandbox":
-        self._require()
-        snapshot = snapshot_fields(snapshot)
-        if snapshot.backend != "docker":
-            raise SandboxError(f"cannot fork a {snapshot.backend!r} snapshot with docker")
-        return DockerSandbox(self.config).start(_from_snapshot=snapshot)
 
     # --- protected verifier hooks -----------------------------------------------------------
     def install_tests(self, tests_dir, mount: str) -> list:
@@ -825,3 +796,29 @@ def _extract(data: bytes, dest: Path, *, strip_top: bool, keep_symlinks: bool) -
                 skipped.append(m.name)
     return skipped
 
+
+
+class DockerBackend(Backend):
+    """A Docker engine of this machine's kernel (``SandboxConfig.docker_endpoint``; several:
+    ``tr.envs.endpoints``): a task's Dockerfile is built into an image
+    (:func:`tr.envs.images.build_task_image`, a stand-in base when its ``FROM`` is missing)."""
+
+    name = "docker"
+    builds_images = True
+    disk_is_memory = False
+    endpoints = True
+
+    def sandbox_class(self) -> type:
+        return DockerSandbox
+
+    def task_image(self, dockerfile, context, *, notes, log, timeout_s, config) -> str:
+        from tr.envs.images import build_task_image
+        return build_task_image(dockerfile, context, log=log, notes=notes, timeout_s=timeout_s)
+
+    def discard_snapshot(self, snapshot: Snapshot) -> None:
+        if snapshot.image:
+            remove_image(snapshot.image, snapshot.endpoint or None)
+        remove_snapshot_folder(snapshot)
+
+
+BACKEND = DockerBackend()

@@ -440,9 +440,11 @@ def remove_entry(dir_fd: int, name: str, deadline: Deadline = NO_DEADLINE) -> No
     os.rmdir(name, dir_fd=dir_fd)
 
 
-def clear_dir(fd: int, deadline: Deadline = NO_DEADLINE) -> None:
-    """Delete everything inside open folder ``fd`` (not the folder itself), not following links.
-    A mount inside is an error (unmount it first)."""
+def _visit(fd: int, deadline: Deadline, enter, visit, leave=None) -> None:
+    """Depth-first over everything below open folder ``fd``, iteratively, never following a
+    link: ``enter(name, st, same_device, depth)`` says whether to go into a folder;
+    ``visit(dir_fd, parts, name, st)`` gets every other entry; ``leave(dir_fd, name)`` runs after
+    a folder's entries (its parent open).  An entry gone meanwhile is skipped."""
     root_dev = os.fstat(fd).st_dev
     walk = _Walk([fd])
     try:
@@ -451,8 +453,8 @@ def clear_dir(fd: int, deadline: Deadline = NO_DEADLINE) -> None:
             top = walk.stack[-1]
             if not top.names:
                 done = walk.up()
-                if walk.stack:
-                    os.rmdir(done.extra["name"], dir_fd=walk.fds[0])
+                if leave is not None and walk.stack:
+                    leave(walk.fds[0], done.extra["name"])
                 continue
             deadline.check()
             name = top.names.pop()
@@ -460,14 +462,24 @@ def clear_dir(fd: int, deadline: Deadline = NO_DEADLINE) -> None:
                 st = _lstat(name, walk.fds[0])
             except FileNotFoundError:
                 continue
-            if not stat.S_ISDIR(st.st_mode):
-                os.unlink(name, dir_fd=walk.fds[0])
-            elif st.st_dev != root_dev:
-                raise SandboxError(f"a mount inside a tree being removed (at {name!r}); stopped")
-            else:
+            if stat.S_ISDIR(st.st_mode) and enter(name, st, st.st_dev == root_dev, top.depth):
                 walk.down(name, _names)
+            else:
+                visit(walk.fds[0], top.parts, name, st)
     finally:
         walk.close()
+
+
+def clear_dir(fd: int, deadline: Deadline = NO_DEADLINE) -> None:
+    """Delete everything inside open folder ``fd`` (not the folder itself), not following links.
+    A mount inside is an error (unmount it first)."""
+    def enter(name, st, same_device, depth):
+        if not same_device:
+            raise SandboxError(f"a mount inside a tree being removed (at {name!r}); stopped")
+        return True
+
+    _visit(fd, deadline, enter, lambda dfd, parts, name, st: os.unlink(name, dir_fd=dfd),
+           leave=lambda dfd, name: os.rmdir(name, dir_fd=dfd))
 
 
 def trust_keys(fd: int, before_ns: int | None,
@@ -477,26 +489,38 @@ def trust_keys(fd: int, before_ns: int | None,
     older than ``before_ns`` (None: all) -- setuid/setgid files aside: their snapshot copies are
     stripped, so they are never "unchanged"."""
     keys: dict[str, tuple[int, int, int]] = {}
-    root_dev = os.fstat(fd).st_dev
-    walk = _Walk([fd])
-    try:
-        walk.push(_names(walk.fds[0]), [], 0)
-        while walk.stack:
-            top = walk.stack[-1]
-            if not top.names:
-                walk.up()
-                continue
-            deadline.check()
-            name = top.names.pop()
-            st = _lstat(name, walk.fds[0])
-            if stat.S_ISDIR(st.st_mode):
-                if st.st_dev == root_dev and top.depth + 1 < MAX_KEY_DEPTH:
-                    walk.down(name, _names)
-            elif _trustable(st, before_ns):
-                keys["/".join(top.parts + [name])] = trust_key(st)
-    finally:
-        walk.close()
+
+    def visit(dfd, parts, name, st):
+        if not stat.S_ISDIR(st.st_mode) and _trustable(st, before_ns):
+            keys["/".join(parts + [name])] = trust_key(st)
+
+    _visit(fd, deadline, lambda name, st, same_device, depth:
+           same_device and depth + 1 < MAX_KEY_DEPTH, visit)
     return keys
+
+
+def open_below(fd: int, parts, *, create: bool = False, mode: int = 0o755,
+               owner: tuple[int, int] | None = None) -> int:
+    """A new fd of the folder ``fd/parts...``, walked with O_NOFOLLOW (a link or file on the way
+    raises OSError, never followed); missing folders are made (``mode``, ``owner``) when
+    ``create``.  ``fd`` stays open."""
+    cur = os.dup(fd)
+    try:
+        for part in parts:
+            if create:
+                try:
+                    os.mkdir(part, mode, dir_fd=cur)
+                    if owner is not None:
+                        os.chown(part, *owner, dir_fd=cur, follow_symlinks=False)
+                except FileExistsError:
+                    pass
+            nfd = os.open(part, DIR_FLAGS, dir_fd=cur)
+            os.close(cur)
+            cur = nfd
+    except BaseException:
+        os.close(cur)
+        raise
+    return cur
 
 
 def sync_tree(snap_fd: int, live_fd: int, trusted: dict, *,

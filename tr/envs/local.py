@@ -38,8 +38,8 @@ import time
 from pathlib import Path
 
 from tr.envs import cgroups, seccomp
-from tr.envs.sandbox import (CommandResult, SandboxConfig, SandboxError, ShellSandbox, Snapshot,
-                             snapshot_fields)
+from tr.envs.backends import Backend
+from tr.envs.sandbox import CommandResult, SandboxConfig, SandboxError, ShellSandbox, Snapshot
 from tr.envs.shell import PipeIO, ShellProcess, ShellSession, run_to_eof
 from tr.envs.userns import UserNamespace, UserNamespaceError, shift_owners
 from tr.envs.workspace import (HostWorkspace, default_state_dir, private_dir, reap_stale,
@@ -142,47 +142,36 @@ class LocalSandbox(ShellSandbox):
         self.session: ShellSession | None = None
         self.userns: UserNamespace | None = None
         self._fresh_count = 0
-        self._closed = False
-        self._started = False
 
     # --- lifecycle -------------------------------------------------------------------------
-    def start(self, _from_snapshot: str | None = None) -> "LocalSandbox":
+    def _open(self, from_snapshot: Snapshot | None) -> None:
         global _reaped
-        if self._started:
-            return self
-        self._started = True
-        self._track()
-        try:
-            private_dir(self.state_dir)
-            if not _reaped:
-                _reaped = True
-                run_reaper(lambda: reap_stale(self.state_dir), reap_stale_cgroups)
-            if os.geteuid() == 0:       # never run the agent as host root: map it elsewhere
-                try:
-                    self.userns = UserNamespace()
-                except UserNamespaceError as e:
-                    raise SandboxError(f"the local sandbox needs a user namespace: {e}") from e
-                owner = self.userns.root
-                etc = etc_template(self.state_dir, self.userns.base, self.userns.count)
-            else:
-                owner = (os.getuid(), os.getgid())
-                etc = etc_template(self.state_dir)
-            self.etc_template = etc
-            self.ws = HostWorkspace(self.areas, self.config.disk_mb, self.state_dir,
-                                    overlays={"etc": str(etc)}, owner=owner)
-            if _from_snapshot is not None:
-                self.ws.load(Path(_from_snapshot))
-            self.tree = self._make_cgroups()
-            tracker = (cgroups.CgroupTracker(self.tree) if self.tree is not None else None)
-            self.session = ShellSession(self._spawn_shell, tracker or _LazyScan(self),
-                                        self.config.output_cap_bytes,
-                                        prelude=self._close_inherited(),
-                                        init=f"cd {self.config.workdir}")
-            self.session.ensure_started()
-        except BaseException:
-            self.close()
-            raise
-        return self
+        private_dir(self.state_dir)
+        if not _reaped:
+            _reaped = True
+            run_reaper(lambda: reap_stale(self.state_dir), reap_stale_cgroups)
+        if os.geteuid() == 0:       # never run the agent as host root: map it elsewhere
+            try:
+                self.userns = UserNamespace()
+            except UserNamespaceError as e:
+                raise SandboxError(f"the local sandbox needs a user namespace: {e}") from e
+            owner = self.userns.root
+            etc = etc_template(self.state_dir, self.userns.base, self.userns.count)
+        else:
+            owner = (os.getuid(), os.getgid())
+            etc = etc_template(self.state_dir)
+        self.etc_template = etc
+        self.ws = HostWorkspace(self.areas, self.config.disk_mb, self.state_dir,
+                                overlays={"etc": str(etc)}, owner=owner)
+        if from_snapshot is not None:
+            self.ws.load(Path(from_snapshot.location))
+        self.tree = self._make_cgroups()
+        tracker = (cgroups.CgroupTracker(self.tree) if self.tree is not None else None)
+        self.session = ShellSession(self._spawn_shell, tracker or _LazyScan(self),
+                                    self.config.output_cap_bytes,
+                                    prelude=self._close_inherited(),
+                                    init=f"cd {self.config.workdir}")
+        self.session.ensure_started()
 
     def _make_cgroups(self) -> cgroups.CgroupTree | None:
         if not cgroups.cgroup_v1_writable():
@@ -435,27 +424,15 @@ class LocalSandbox(ShellSandbox):
         finally:
             if self.tree is not None:
                 self.tree.set_frozen(None, False)
-        return Snapshot(id=sid, backend="local", location=str(dest), persistent=persist)
+        return Snapshot(id=sid, backend=self.backend, location=str(dest), persistent=persist)
 
     def restore(self, snapshot) -> None:
         """Files, modes and links of every writable area become the snapshot's; running
         processes (the shell included) are stopped -- the next command gets a new shell."""
         self._require()
-        snapshot = snapshot_fields(snapshot)
-        if snapshot.backend != "local":
-            raise SandboxError(f"cannot restore a {snapshot.backend!r} snapshot into a local "
-                               "sandbox")
+        snapshot = self._own_snapshot(snapshot, "restore")
         self.end_session()
         self.ws.load(Path(snapshot.location))
-
-    def fork(self, snapshot) -> "LocalSandbox":
-        """A new started sandbox whose areas are a copy of ``snapshot``."""
-        self._require()
-        snapshot = snapshot_fields(snapshot)
-        if snapshot.backend != "local":
-            raise SandboxError(f"cannot fork a {snapshot.backend!r} snapshot locally")
-        child = LocalSandbox(self.config)
-        return child.start(_from_snapshot=snapshot.location)
 
     # --- protected verifier hooks (tr.envs.protected) -----------------------------------------
     def install_tests(self, tests_dir, mount: str) -> list:
@@ -630,3 +607,18 @@ def reap_stale_cgroups() -> None:
                 entry.rmdir()
             except OSError:
                 pass
+
+
+class LocalBackend(Backend):
+    """bubblewrap on this host: no images; a task's Dockerfile steps run in the started sandbox
+    (``tr.envs.tasks.runner.prepare``); the disk is a tmpfs (RAM)."""
+
+    name = "local"
+    builds_images = False
+    disk_is_memory = True
+
+    def sandbox_class(self) -> type:
+        return LocalSandbox
+
+
+BACKEND = LocalBackend()

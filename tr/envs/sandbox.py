@@ -1,23 +1,21 @@
-"""The sandbox interface: one protocol, two backends (``local`` bubblewrap, ``docker``).
+"""The sandbox interface: one protocol, the results and configuration every backend shares.
 
 A :class:`Sandbox` holds one persistent shell per episode (cwd, variables, functions and background
 jobs persist), runs commands with timeouts that stop the whole process tree the command started,
 caps the combined output (head and tail kept), copies files in and out without following links
-planted inside, and snapshots / restores / forks its writable state.  Backends:
-``tr.envs.local.LocalSandbox`` and ``tr.envs.docker_sandbox.DockerSandbox``.
+planted inside, and snapshots / restores / forks its writable state.  This module imports no
+backend: they are ``tr.envs.local`` (bubblewrap) and ``tr.envs.docker_sandbox``, found by name
+through :mod:`tr.envs.backends` (``make_sandbox``, ``get_backend``, ``discard_snapshot``).
+``tests/test_sandbox_conformance.py`` checks every backend against :class:`Sandbox`.
 """
 
 from __future__ import annotations
 
 import atexit
 import dataclasses
-import os
 import weakref
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
-
-BACKENDS = ("local", "docker")
-
 
 class SandboxError(RuntimeError):
     """A sandbox could not do what was asked (bad path, backend missing, engine failure)."""
@@ -52,7 +50,7 @@ class SandboxConfig:
     ``disk_mb`` bounds the writable task areas (/app, home, /tmp; local: also /etc) together: a
     size-limited tmpfs, so filling it fails with ENOSPC.  ``persist_snapshots``: snapshots outlive
     the sandbox that took them (e.g. to restore a recovery rollout later) until
-    :func:`discard_snapshot`.
+    :func:`tr.envs.backends.discard_snapshot`.
     """
 
     workdir: str = "/app"
@@ -105,24 +103,37 @@ class Snapshot:
 
 @runtime_checkable
 class Sandbox(Protocol):
-    """One episode's isolated machine.  A context manager: ``close()`` runs on every exit path."""
+    """One episode's isolated machine.  A context manager: ``close()`` runs on every exit path.
+
+    The first block is what an agent's episode uses; the second, the hooks the protected verifier
+    (:func:`tr.envs.protected.run_verifier`) calls.  Paths are the sandbox's own (absolute);
+    nothing here follows a link the agent planted.
+    """
 
     config: SandboxConfig
+    backend: str                    # the name tr.envs.backends knows it by (Snapshot.backend)
 
     def start(self) -> "Sandbox": ...
 
     def run(self, command: str, timeout_s: float = 30.0) -> CommandResult: ...
 
     def run_fresh(self, command: str, timeout_s: float = 30.0, *, extra_ro_binds=(),
-                  env: dict | None = None) -> CommandResult: ...
+                  env: dict | None = None, clean_env: bool = False) -> CommandResult:
+        """A new process tree over the same files, not the agent's shell; ``clean_env``: only a
+        minimal environment + ``env``; ``extra_ro_binds`` [(host, sandbox)] read-only (a backend
+        that cannot add them to a running sandbox raises SandboxError)."""
 
     def copy_in(self, host_path, sandbox_path) -> None: ...
 
-    def copy_out(self, sandbox_path, host_path) -> None: ...
+    def copy_out(self, sandbox_path, host_path, *, keep_symlinks: bool = True) -> list[str]:
+        """Copies without following links; returns the links skipped (``keep_symlinks=False``)."""
 
     def write_file(self, sandbox_path, data: bytes | str, mode: int = 0o644) -> None: ...
 
     def read_file(self, sandbox_path) -> bytes: ...
+
+    def remove_path(self, sandbox_path) -> None:
+        """Deletes a file, link or folder (links not followed); a missing path is fine."""
 
     def snapshot(self, *, persist: bool | None = None) -> Snapshot: ...
 
@@ -139,6 +150,22 @@ class Sandbox(Protocol):
     def __enter__(self) -> "Sandbox": ...
 
     def __exit__(self, *exc) -> None: ...
+
+    # --- the protected verifier's hooks -----------------------------------------------------
+    def install_tests(self, tests_dir, mount: str) -> list:
+        """Put the host folder ``tests_dir`` at ``mount`` for the verifier only; returns the
+        read-only binds [(host, sandbox)] run_fresh needs for it (none when copied in)."""
+
+    def reset_dir(self, sandbox_path) -> None:
+        """Whatever is at ``sandbox_path`` (links not followed) replaced by an empty folder."""
+
+    def verifier_python(self) -> tuple[str, list]:
+        """(the project interpreter as the verifier's shell names it, read-only binds for it)."""
+
+
+PROTOCOL_METHODS = tuple(name for name in Sandbox.__dict__
+                         if callable(getattr(Sandbox, name, None)) and not name.startswith("_")
+                         ) + ("__enter__", "__exit__")
 
 
 _OPEN_SANDBOXES: "weakref.WeakSet[ShellSandbox]" = weakref.WeakSet()
@@ -159,12 +186,43 @@ class ShellSandbox:
     exit, the started/closed guard, commands in the shell, ending the session, and a close that
     stops the shell before the backend releases its resources (:meth:`_release`)."""
 
+    backend = ""
     _started = False
     _closed = False
     session = None
 
-    def _track(self) -> None:
+    def start(self, _from_snapshot: Snapshot | None = None):
+        """Once: registered for the exit-time close, then the backend's :meth:`_open`; whatever
+        fails on the way closes the sandbox (nothing half-made is left) and is raised."""
+        if self._started:
+            return self
+        self._started = True
         _OPEN_SANDBOXES.add(self)
+        try:
+            self._open(_from_snapshot)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _open(self, from_snapshot: Snapshot | None) -> None:
+        """The backend's resources (workspace, container, shell), its areas a copy of
+        ``from_snapshot`` when given."""
+        raise NotImplementedError
+
+    def _own_snapshot(self, snapshot, verb: str) -> Snapshot:
+        """``snapshot`` as a Snapshot of this backend (restore/fork); SandboxError otherwise."""
+        snapshot = snapshot_fields(snapshot)
+        if snapshot.backend != self.backend:
+            raise SandboxError(f"cannot {verb} a {snapshot.backend!r} snapshot in a "
+                               f"{self.backend} sandbox")
+        return snapshot
+
+    def fork(self, snapshot) -> "ShellSandbox":
+        """A new started sandbox of the same config whose areas are a copy of ``snapshot``."""
+        self._require()
+        snapshot = self._own_snapshot(snapshot, "fork")
+        return type(self)(self.config).start(_from_snapshot=snapshot)
 
     def _require(self) -> None:
         if self._closed:
@@ -219,34 +277,6 @@ class ShellSandbox:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def make_sandbox(backend: str, config: SandboxConfig | None = None) -> Sandbox:
-    """A not-yet-started sandbox of ``backend`` ('local' or 'docker')."""
-    config = SandboxConfig() if config is None else config
-    if not isinstance(config, SandboxConfig):
-        raise TypeError(f"make_sandbox: config must be a SandboxConfig, got {type(config).__name__}")
-    if backend == "local":
-        from tr.envs.local import LocalSandbox
-        return LocalSandbox(config)
-    if backend == "docker":
-        from tr.envs.docker_sandbox import DockerSandbox
-        return DockerSandbox(config)
-    raise ValueError(f"make_sandbox: unknown backend {backend!r}; expected one of {BACKENDS}")
-
-
-def discard_snapshot(snapshot: Snapshot) -> None:
-    """Delete a (persistent) snapshot: its host folder and, for docker, its image."""
-    if snapshot.image:
-        from tr.envs.docker_sandbox import remove_image
-        remove_image(snapshot.image, snapshot.endpoint or None)
-    if snapshot.location and os.path.isdir(snapshot.location):
-        from pathlib import Path
-        from tr.envs.workspace import remove_tree
-        try:                          # iterative: a snapshot may hold a tree of any depth
-            remove_tree(Path(snapshot.location))
-        except SandboxError:
-            pass
 
 
 # ----------------------------------------------------------------------------------------------

@@ -454,21 +454,12 @@ class HostWorkspace:
         belonging to the sandbox's root)."""
         fd = os.open(self.host_dir(area), filetree.DIR_FLAGS)
         try:
-            for p in parts:
-                if create:
-                    try:
-                        os.mkdir(p, 0o755, dir_fd=fd)
-                        os.chown(p, *self.owner, dir_fd=fd, follow_symlinks=False)
-                    except FileExistsError:
-                        pass
-                nfd = os.open(p, filetree.DIR_FLAGS, dir_fd=fd)
-                os.close(fd)
-                fd = nfd
+            return filetree.open_below(fd, parts, create=create, owner=self.owner)
         except OSError as e:
-            os.close(fd)
             raise SandboxError(f"cannot open folder {'/'.join([area, *parts])} in the sandbox: "
                                f"{e.strerror} (a link or file where a folder is expected?)") from e
-        return fd
+        finally:
+            os.close(fd)
 
     # --- transfers ---------------------------------------------------------------------------
     def remove(self, path) -> None:

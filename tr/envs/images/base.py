@@ -261,7 +261,8 @@ def build_task_image(dockerfile, context, log: Callable[[str], None] | None = No
     ``notes``.  The build has the network unless ``network`` is false; ``timeout_s`` bounds
     the wait for the engine's next word (Harbor's ``build_timeout_sec``; default an hour)."""
     log = log or (lambda m: None)
-    dockerfile, context = Path(dockerfile), Path(context)
+    # resolved: a task folder reached through a symlink is sent whole (tarfile keeps links)
+    dockerfile, context = Path(dockerfile).resolve(), Path(context).resolve()
     if not dockerfile.is_file():
         raise FileNotFoundError(f"Dockerfile {dockerfile} does not exist")
     if not context.is_dir():
@@ -302,6 +303,9 @@ def _available(client, image: str, log: Callable[[str], None]) -> tuple[bool, st
         log(f"cannot pull {image}: {why}")
         return False, why
     return _image_exists(client, image), ""
+
+
+_PPA = re.compile(r"\badd-apt-repository\s+(?:-\S+\s+)*['\"]?ppa:[^\s'\"&;|]+['\"]?")
 
 
 def _standin_lines(instruction_text: str) -> str:
@@ -355,12 +359,20 @@ def _rewrite(client, dockerfile: Path, log, notes: list) -> tuple[str, list[str]
             if alias:
                 stages.add(alias.group(1).lower())
             out.append(f"{m.group(1)}{image}{rest}")
+            if standin_stage:       # pip installs system-wide as in python images, also over
+                out.append("ENV PIP_BREAK_SYSTEM_PACKAGES=1")   # a Debian python3.X reinstalled by apt
             if standin_stage and _TBENCH.match(m.group(2)):
                 out.append("WORKDIR /app")      # what t-bench's own base images set
             continue
         line = _multi_source_copy(line)
         if standin_stage:
             line = _standin_lines(line)
+            ppa = _PPA.search(line)
+            if ppa:       # Launchpad PPAs are Ubuntu's: Debian's own packages stand in for them
+                line = _PPA.sub("true", line)
+                notes.append(f"{dockerfile.name}: `{ppa.group(0).strip()}` (an Ubuntu PPA) is "
+                             "skipped on the Debian stand-in; its packages come from Debian")
+                log(notes[-1])
             other = re.search(r"/usr/local/lib/python3\.(\d+)|\bpython3\.(\d+)\b", line)
             if other and (other.group(1) or other.group(2)) != debian.PYTHON_MINOR and not any(
                     "other Python" in n for n in notes):

@@ -29,9 +29,11 @@ from typing import Callable
 STANDIN_REPO = "tr-debian"
 SUITE = "bookworm"
 MIRROR = os.environ.get("TR_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-PACKAGES = ("python3", "python3-pip", "python3-venv", "python-is-python3", "ca-certificates",
-            "curl", "procps", "less")
-RECIPE_VERSION = "1"
+PACKAGES = ("python3", "python3-pip", "python3-venv", "python-is-python3", "python3-dev",
+            "build-essential", "ca-certificates", "curl", "procps", "less", "tmux")
+# python3-dev + build-essential: pip builds sdists (C extensions) as in python images; tmux: the
+# t-bench base images have it (TB1 runs agents in it and some tasks' tests call it).
+RECIPE_VERSION = "2"
 PYTHON_MINOR = "11"    # bookworm's python3
 LABEL = "tr.managed"
 IMPORT_CHANGES = [
@@ -39,7 +41,8 @@ IMPORT_CHANGES = [
     "ENV LANG=C.UTF-8",
     'CMD ["/bin/bash"]',
 ]
-DESCRIPTION = f"Debian {SUITE} minbase + python3 (python), pip, venv, curl"
+DESCRIPTION = (f"Debian {SUITE} minbase + python3 (python), pip, venv, python3-dev, "
+               "build-essential, curl, tmux")
 
 
 LOCAL_CAS = Path("/usr/local/share/ca-certificates")

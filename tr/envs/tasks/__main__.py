@@ -178,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("verify", help="lay a task down, play an attempt, run its verifier")
     p.add_argument("dir", metavar="DIR")
     p.add_argument("--attempt", choices=("solution", "partial", "none"), default="solution")
-    p.add_argument("--backend", choices=("local", "docker"), default="local")
+    p.add_argument("--backend", default="local",
+                   help="local, docker, or a module defining a tr.envs.backends BACKEND")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--network", action="store_true",
                    help="give the agent's runtime the network (default: offline; a task's own "

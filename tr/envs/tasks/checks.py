@@ -40,6 +40,23 @@ def runs_pytest_or_harness(script: str) -> bool:
     return runs_pytest(script) or "run-uv-pytest.sh" in script
 
 
+_OWN_INTERPRETER = re.compile(r"\bsys\.executable\b|^\s*(import pip\b|from pip\b)", re.M)
+
+
+def own_interpreter_checks(tests_dir: Path, files) -> list[str]:
+    """The test files that look at the interpreter running them (``sys.executable``, ``import
+    pip``): under the protected verifier they see the project's Python."""
+    found = []
+    for rel in files:
+        try:
+            text = (tests_dir / rel).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        if _OWN_INTERPRETER.search(text):
+            found.append(rel)
+    return found
+
+
 def pytest_spec_from_script(script: str, script_name: str, tests_dir: Path) -> VerifierSpec:
     """The script run as written, pytest served by the project (tr.envs.tasks.testscript).
 
@@ -67,6 +84,11 @@ def pytest_spec_from_script(script: str, script_name: str, tests_dir: Path) -> V
             f"`$TR_PYTHON -m pytest`, offline)")
     if done.notes:
         note += "; " + "; ".join(done.notes)
+    inspects = own_interpreter_checks(tests_dir, named or all_files)
+    if inspects:
+        note += (f"; {', '.join(inspects)} examine the Python that runs the tests "
+                 "(sys.executable / pip): in the protected verifier that is the project's "
+                 "interpreter, not the sandbox's, so they judge the harness, not the agent's work")
     return VerifierSpec(kind="pytest", test_files=tuple(named or all_files), note=note,
                         script_text=done.text)
 

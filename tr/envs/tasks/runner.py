@@ -1,8 +1,9 @@
 """Running a task in a sandbox: lay the environment down, play an attempt, run the verifier.
 
-    config = sandbox_config(task, backend)       # workdir / env (from the Dockerfile if any)
-    with make_sandbox(backend, config) as box:
-        prepare(task, box, backend)               # files + setup.sh, or the Dockerfile's steps
+    backend = get_backend("docker")               # tr.envs.backends: what differs per backend
+    config = sandbox_config(task, backend)       # workdir / env / image (from the Dockerfile)
+    with backend.make(config) as box:
+        prepare(task, box)                        # files + setup.sh, or the Dockerfile's steps
         run_attempt(task, box, "solution")        # the reference solution, turn by turn
         result = verify(task, box)                # protected verifier -> VerifierResult
 
@@ -58,36 +59,41 @@ def local_plan(task: Task) -> dfile.LocalPlan | None:
         raise TaskEnvironmentError(f"cannot read {env.dockerfile}: {exc}") from None
 
 
-def sandbox_config(task: Task, backend: str = "local", base=None):
-    """The SandboxConfig a task runs under: its workdir and ENV; on Docker, its image."""
+def sandbox_config(task: Task, backend="local", base=None):
+    """The SandboxConfig a task runs under on ``backend`` (a name or a
+    :class:`tr.envs.backends.Backend`): its workdir and ENV; on a backend that builds images,
+    the image built from its Dockerfile (or the one it names)."""
+    from tr.envs.backends import get_backend
     from tr.envs.sandbox import SandboxConfig
 
+    backend = get_backend(backend)
     config = _with_limits(task, base if base is not None else SandboxConfig(), backend)
     env = task.environment
-    if backend == "local":
-        if env.kind == "image":
-            raise NeedsDocker(f"{task.source_dir}: the task only names a prebuilt image "
-                              f"({env.docker_image}); this task needs the Docker backend "
-                              "(--backend docker)")
-        plan = local_plan(task)
-        if plan is not None:
-            env = {**config.env, **plan.env}
-            if dfile.PYTHON_IMAGES.match(plan.base_image) and "PATH" not in env:
-                # a python image has `python`; the host's /usr may only have python3
-                env["PATH"] = f"{LOCAL_PATH}:{PYTHON_SHIM_DIR}"
-            # Docker's default WORKDIR is /, which the local sandbox cannot make writable
-            workdir = plan.workdir if plan.workdir != "/" else LOCAL_ROOT_WORKDIR
-            return dataclasses.replace(config, workdir=workdir, env=env)
-        return dataclasses.replace(config, workdir=env.workdir)
-    if backend == "docker":
-        return dataclasses.replace(config, workdir=_docker_workdir(task),
-                                   image=docker_image(task) or config.image)
-    raise ValueError(f"unknown backend {backend!r}; expected 'local' or 'docker'")
+    if backend.builds_images:
+        return dataclasses.replace(config, workdir=_image_workdir(task),
+                                   image=task_image(task, backend, config) or config.image)
+    if env.kind == "image":
+        raise NeedsDocker(f"{task.source_dir}: the task only names a prebuilt image "
+                          f"({env.docker_image}); the {backend.name} backend builds no images: "
+                          "this task needs the Docker backend (--backend docker)")
+    plan = local_plan(task)
+    if plan is not None:
+        env = {**config.env, **plan.env}
+        if dfile.PYTHON_IMAGES.match(plan.base_image) and "PATH" not in env:
+            # a python image has `python`; the host's /usr may only have python3
+            env["PATH"] = f"{LOCAL_PATH}:{PYTHON_SHIM_DIR}"
+        # Docker's default WORKDIR is /, which a sandbox over the host cannot make writable
+        workdir = plan.workdir if plan.workdir != "/" else LOCAL_ROOT_WORKDIR
+        return dataclasses.replace(config, workdir=workdir, env=env)
+    return dataclasses.replace(config, workdir=env.workdir)
 
 
-def _with_limits(task: Task, config, backend: str):
+def _with_limits(task: Task, config, backend):
     """The task's own resources (Harbor [environment]) over the caller's config; its runtime
     network only when the task asks for it (`allow_internet`), else the config's (off)."""
+    from tr.envs.backends import get_backend
+
+    backend = get_backend(backend)
     env = task.environment
     changes = {}
     if env.network is not None:
@@ -96,12 +102,12 @@ def _with_limits(task: Task, config, backend: str):
         changes["cpus"] = env.cpus
     if env.memory_mb is not None:
         changes["memory_mb"] = env.memory_mb
-    if env.storage_mb is not None and backend != "local":   # local disk is a tmpfs: RAM
+    if env.storage_mb is not None and not backend.disk_is_memory:   # a tmpfs disk is RAM
         changes["disk_mb"] = env.storage_mb
     return dataclasses.replace(config, **changes) if changes else config
 
 
-def _docker_workdir(task: Task) -> str:
+def _image_workdir(task: Task) -> str:
     """The workdir a task's image ends with (its last WORKDIR), else the task's workdir."""
     if task.environment.kind == "dockerfile":
         try:
@@ -111,21 +117,29 @@ def _docker_workdir(task: Task) -> str:
     return task.environment.workdir
 
 
-def docker_image(task: Task) -> str | None:
-    """The Docker image a task runs in: built from its Dockerfile, or the one it names."""
+def task_image(task: Task, backend="docker", config=None) -> str | None:
+    """The image a task runs in on an image-building backend: built from its Dockerfile (how it
+    was made kept in :data:`IMAGE_NOTES`), or the one it names; None for a setup-script task."""
+    from tr.envs.backends import get_backend
+    from tr.envs.sandbox import SandboxConfig
+
     env = task.environment
     if env.kind == "dockerfile":
         import sys
 
-        from tr.envs import images
-
         notes: list[str] = []
-        tag = images.build_task_image(env.dockerfile, env.dockerfile.parent, notes=notes,
-                                      log=lambda m: print(f"[image] {m}", file=sys.stderr),
-                                      timeout_s=env.build_timeout_s)
+        tag = get_backend(backend).task_image(
+            env.dockerfile, env.dockerfile.parent, notes=notes,
+            log=lambda m: print(f"[image] {m}", file=sys.stderr),
+            timeout_s=env.build_timeout_s, config=config or SandboxConfig())
         IMAGE_NOTES[tag] = tuple(notes)
         return tag
     return env.docker_image
+
+
+def docker_image(task: Task) -> str | None:
+    """The Docker image a task runs in (:func:`task_image` on the docker backend)."""
+    return task_image(task, "docker")
 
 
 def _copy_tree(sandbox, source: Path, dest: str, *, chmod: int | None = None) -> None:
@@ -150,12 +164,16 @@ def _must(result, what: str):
     return result
 
 
-def prepare(task: Task, sandbox, backend: str = "local") -> None:
+def prepare(task: Task, sandbox, backend=None) -> None:
     """Lay the task's initial state down in a started sandbox.
 
     setup layout: copy environment/files into the workdir, then run setup.sh there (fresh bash).
-    dockerfile layout: on local, carry out the Dockerfile's steps; on docker the image has them.
+    dockerfile layout: a backend that builds images has them in the image; on another one the
+    Dockerfile's steps are carried out in the sandbox.  ``backend``: default the sandbox's own.
     """
+    from tr.envs.backends import get_backend
+
+    backend = get_backend(backend if backend is not None else sandbox.backend)
     env = task.environment
     workdir = sandbox.config.workdir
     if env.kind == "setup":
@@ -167,7 +185,7 @@ def prepare(task: Task, sandbox, backend: str = "local") -> None:
                        f"bash -c {shlex.quote(script)} setup.sh")
             _must(sandbox.run_fresh(command, timeout_s=SETUP_TIMEOUT_S),
                   f"{env.setup_script.relative_to(task.source_dir)}")
-    elif env.kind == "dockerfile" and backend == "local":
+    elif env.kind == "dockerfile" and not backend.builds_images:
         plan = local_plan(task)
         if dfile.PYTHON_IMAGES.match(plan.base_image):
             _must(sandbox.run_fresh(f"command -v python >/dev/null || {{ mkdir -p {PYTHON_SHIM_DIR} "
@@ -188,7 +206,7 @@ def prepare(task: Task, sandbox, backend: str = "local") -> None:
                 if result.exit_code != 0 and "Read-only file system" in result.output:
                     writable = ", ".join(sorted(getattr(sandbox, "areas", {}) or ()))
                     raise TaskEnvironmentError(
-                        f"RUN at {where} writes outside the local sandbox's writable folders "
+                        f"RUN at {where} writes outside the {backend.name} sandbox's writable folders "
                         f"({writable}); run this task with --backend docker:\n"
                         f"{result.output[-2000:]}")
                 _must(result, f"RUN at {where}")
@@ -328,19 +346,21 @@ def verify(task: Task, sandbox, workdir: str | None = None) -> vr.VerifierResult
 IMAGE_NOTES: dict[str, tuple[str, ...]] = {}   # task image tag -> how it was made (this process)
 
 
-def environment_notes(task: Task, sandbox=None, backend: str | None = None) -> list[str]:
-    """How the environment differs from the task's own: installs skipped on the local backend,
-    a stand-in base image on Docker."""
-    backend = backend or getattr(sandbox, "backend", "local")
-    if backend == "local":
+def environment_notes(task: Task, sandbox=None, backend=None) -> list[str]:
+    """How the environment differs from the task's own: installs skipped where the Dockerfile's
+    steps run in the sandbox, a stand-in base image where it was built."""
+    from tr.envs.backends import get_backend
+
+    backend = get_backend(backend or getattr(sandbox, "backend", "local"))
+    if not backend.builds_images:
         try:
             plan = local_plan(task)
         except TaskEnvironmentError:
             return []
         if plan is None:
             return []
-        extra = ([f"the Dockerfile sets no WORKDIR (Docker's default is /): the local backend "
-                  f"works in {LOCAL_ROOT_WORKDIR}"] if plan.workdir == "/" else [])
+        extra = ([f"the Dockerfile sets no WORKDIR (Docker's default is /): the {backend.name} "
+                  f"backend works in {LOCAL_ROOT_WORKDIR}"] if plan.workdir == "/" else [])
         return list(plan.notes) + extra
     image = getattr(getattr(sandbox, "config", None), "image", None)
     return list(IMAGE_NOTES.get(image, ()))
@@ -372,15 +392,16 @@ def _read_results(out: Path) -> dict[str, str]:
     return found
 
 
-def run_task(task: Task, attempt: str = "solution", backend: str = "local", *,
+def run_task(task: Task, attempt: str = "solution", backend="local", *,
              base_config=None) -> tuple[vr.VerifierResult, list]:
     """Fresh sandbox -> prepare -> attempt -> verify. Environment failures become results with
     error='environment'; NeedsDocker propagates (the caller asked for the wrong backend)."""
-    from tr.envs.sandbox import make_sandbox
+    from tr.envs.backends import get_backend
 
     attempt_script(task, attempt)  # fail early on a missing script
+    backend = get_backend(backend)
     config = sandbox_config(task, backend, base_config)
-    with make_sandbox(backend, config) as sandbox:
+    with backend.make(config) as sandbox:
         try:
             prepare(task, sandbox, backend)
         except NeedsDocker:
