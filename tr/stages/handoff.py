@@ -57,9 +57,14 @@ def parent_ref(run_dir, stage: str) -> ckpt.StageRef:
 
 def open_stage(config, run_dir, *, kind: str, actor_trains: bool, critic_trains: bool,
                critic_frozen: bool = False) -> OpenStage:
-    """Models, compiled steps, and the stage's state (resumed, or handed off from its parents)."""
-    models = common.build_models(config.model, seed=int(config.seed),
-                                 chunk_size=int(config.train.logprob_chunk_size))
+    """Models, compiled steps, and the stage's state (resumed, or handed off from its parents).
+
+    The model size, tokenizer and system prompt come from the `actor_from` stage's manifest unless
+    the stage config sets them (`common.inherit_from_parent`; recorded in this stage's manifest)."""
+    if not config.actor_from:
+        raise ConfigError(f"stage {config.name!r} ({kind}) needs actor_from (a stage name)")
+    common.inherit_from_parent(config, run_dir)
+    models = common.stage_models(config)
     train = config.train
     actor_opt = make_optimizer(train.actor.optimizer) if actor_trains else None
     critic_opt = make_optimizer(train.critic.optimizer) if critic_trains else None
@@ -67,8 +72,6 @@ def open_stage(config, run_dir, *, kind: str, actor_trains: bool, critic_trains:
     if critic_trains and not has_critic:
         raise ConfigError(f"stage {config.name!r} ({kind}) trains a critic: set critic_from "
                           "(a stage name or 'fresh')")
-    if not config.actor_from:
-        raise ConfigError(f"stage {config.name!r} ({kind}) needs actor_from (a stage name)")
     actor = ckpt.Side(parent_ref(run_dir, config.actor_from), actor_opt)
     if config.critic_from == ckpt.FRESH:
         critic = ckpt.Side(ckpt.FRESH, critic_opt, fresh_params=models.fns.critic_params,
@@ -116,7 +119,8 @@ def init_base(stage_config, run_dir, **_) -> dict:
     done = finished_summary(run_dir, config.name)
     if done is not None:
         return done
-    models = common.build_models(config.model, seed=int(config.seed))
+    common.inherit_from_parent(config, run_dir)
+    models = common.stage_models(config)
     critic_params = models.fns.critic_params
     bias = float(config.get("init", {}).get("critic_bias", 0.0))
     if bias:   # a prior on the return: V = bias everywhere before any training
@@ -129,4 +133,5 @@ def init_base(stage_config, run_dir, **_) -> dict:
     store.create(kind="init", config=config)
     opened = OpenStage(models, None, state, store, pathlib.Path(run_dir) / config.name)
     return finish_stage(opened, state, {"kind": "init",
-                                        "model": jax.tree.map(str, dict(config.model))})
+                                        "model": jax.tree.map(str, dict(config.model)),
+                                        "tokenizer": config.tokenizer})
