@@ -61,19 +61,22 @@ def _base_entry(variant: str) -> dict:
 
 
 def stage_entries(*, calibration: int, rpr1_iterations: int, rpr2_iterations: int,
-                  rpr2_lr: float, base: dict) -> list[dict]:
+                  rpr2_lr: float, base: dict, warmup_tasks: int = 32, profile_tasks: int = 16
+                  ) -> list[dict]:
     """The five-stage schedule plus the critic warm-up (the issue's 'Stage schedule')."""
     return [
         base,
         {"name": "rsr1", "kind": "rsr", "actor_from": "base"},
-        {"name": "warmup", "kind": "warmup", "actor_from": "rsr1", "critic_from": "fresh"},
+        {"name": "warmup", "kind": "warmup", "actor_from": "rsr1", "critic_from": "fresh",
+         "warmup": {"tasks": warmup_tasks},
+         "eval": {"at_start": False}},            # the actor is RSR-1's: nothing to evaluate
         {"name": "rpr1", "kind": "rpr", "actor_from": "rsr1", "critic_from": "warmup",
          "rpr": {"reward": "fdr", "calibration_updates": calibration,
-                 "iterations": rpr1_iterations}},
+                 "iterations": rpr1_iterations, "profile_tasks": profile_tasks}},
         {"name": "rsr2", "kind": "rsr", "actor_from": "rpr1"},
         {"name": "rpr2", "kind": "rpr", "actor_from": "rsr2", "critic_from": "rpr1",
          "rpr": {"reward": "spr", "calibration_updates": calibration,
-                 "iterations": rpr2_iterations},
+                 "iterations": rpr2_iterations, "profile_tasks": profile_tasks},
          "train": {"actor": {"optimizer": {"learning_rate": rpr2_lr}}}},
     ]
 
@@ -93,11 +96,11 @@ def get_config(variant: str = "default"):
     config.missing_kinds = "error"
     actor_lr = 3e-4
     config.stage_defaults = ml_collections.ConfigDict({
-        "model": {"name": "gym", "overrides": {}},
+        "model": {"name": "", "overrides": {}},   # "" = the actor parent's (Base: the embedded gym model)
         "tasks": {"source": "gym", "count": 0, "seed": 0},
         "rollout": {"concurrency": 16, "tasks_per_iteration": 16, "group_size": 1,
                     "oversample": 0, "max_output_tokens": 64, "max_turns": 5},
-        "arrays": {"rows": 16, "length": 1024},
+        "arrays": {"rows": 32, "length": 1024},   # a summarised episode takes 2+ rows
         "eval": {"count": 24, "every": 2, "k": 1},
         "train": {"actor": {"optimizer": {"learning_rate": actor_lr}},
                   "critic": {"optimizer": {"learning_rate": 1e-3}},
@@ -125,8 +128,8 @@ def get_config(variant: str = "default"):
         config.stage_defaults.eval.update(count=4, every=0)
         config.stage_defaults.train.ppo.update(mini_batches=1)
         config.stages = stage_entries(calibration=1, rpr1_iterations=1, rpr2_iterations=1,
-                                      rpr2_lr=actor_lr / 5, base=_base_entry(variant))
-        config.stages[2]["warmup"] = {"tasks": 4}
+                                      rpr2_lr=actor_lr / 5, base=_base_entry(variant),
+                                      warmup_tasks=4, profile_tasks=4)
         config.report.update(count=4, k=3, max_turns=2, max_output_tokens=24, concurrency=4)
     elif variant == "direct_ppo":
         # RPR straight from Base, fresh critic (no warm-up, no RSR), the calibration and PPO
@@ -153,7 +156,8 @@ def _paper(config) -> None:
     d.train.critic.optimizer.learning_rate = 1.5e-5
     d.train.ppo.update(estimator="tb_gae", mini_batches=1, epochs=1)
     config.stages = stage_entries(calibration=4, rpr1_iterations=20, rpr2_iterations=18,
-                                  rpr2_lr=1e-7, base=_base_entry("paper"))
+                                  rpr2_lr=1e-7, base=_base_entry("paper"), warmup_tasks=0,
+                                  profile_tasks=0)
     for entry in config.stages:
         if entry["kind"] == "rsr":
             entry["rsr"] = {"k": 4, "m": 4}

@@ -159,9 +159,12 @@ def validate(config) -> dict:
     if int(config.report.k) < 1:
         raise ConfigError(f"config.report.k = {config.report.k}: must be >= 1")
     from tr.models.config import get_model_config  # pylint: disable=g-import-not-at-top
-    model = shared.get("model", {})
+    model = dict(shared.get("model", {}))
+    if not model.get("name"):     # inherited from Base's manifest: the embedded model
+        from tr.stages import embedded  # pylint: disable=g-import-not-at-top
+        model = {"name": embedded.MODEL, "overrides": {}}
     try:
-        model_config = get_model_config(model.get("name"), **dict(model.get("overrides", {})))
+        model_config = get_model_config(model["name"], **dict(model.get("overrides", {})))
     except ValueError as error:
         raise ConfigError(f"config.stage_defaults.model: {error}") from None
     return {"stages": [{k: e[k] for k in ("name", "kind") if k in e} |
