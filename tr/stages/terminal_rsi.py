@@ -401,6 +401,7 @@ def run(config, workdir) -> dict:
               flush=True)
         return info
     entries, shared, report_stages, skipped = schedule(config)
+    _compilation_cache(run_dir / "jax-cache")
     for gone in skipped:
         print(f"[terminal_rsi] skipping stage {gone['name']}: {gone['why']}", flush=True)
     summaries = run_stages(entries, shared, run_dir)
@@ -450,6 +451,19 @@ def run(config, workdir) -> dict:
     print(f"[terminal_rsi] wrote {run_dir / 'report.json'}, report.md, plots/ "
           f"(wall {report['wall_s']:.0f}s)", flush=True)
     return report
+
+
+def _compilation_cache(folder: pathlib.Path) -> None:
+    """JAX's persistent compilation cache in the run directory (unless one is set): the stages
+    rebuild the same update and sampler graphs, so RPR-2 and the test evaluations reuse RPR-1's
+    and Base's executables, and a resumed run compiles nothing again."""
+    import jax  # pylint: disable=g-import-not-at-top
+
+    if jax.config.jax_compilation_cache_dir:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
 def _write(path: pathlib.Path, text: str) -> None:
