@@ -91,9 +91,9 @@ def get_config(variant: str = "default"):
     config.variant = variant
     config.seed = 0                      # every stage's seed (applied by the job)
     config.validate_only = variant == "paper"
-    # A stage whose kind this checkout lacks: "error" (refuse before running anything) or "skip"
-    # (the stage is left out, its children take its actor_from; the report says so).
-    config.missing_kinds = "error"
+    # A stage whose kind this checkout lacks: "skip" (the stage is left out, its children take its
+    # actor_from; the run and the report say so) or "error" (refuse before running anything).
+    config.missing_kinds = "skip"
     actor_lr = 3e-4
     config.stage_defaults = ml_collections.ConfigDict({
         "model": {"name": "", "overrides": {}},   # "" = the actor parent's (Base: the embedded gym model)

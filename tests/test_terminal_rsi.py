@@ -20,7 +20,7 @@ from tr.stages.registry import STAGE_KINDS, ConfigError  # noqa: E402  pylint: d
 
 REPORT_KEYS = {"experiment", "variant", "seed", "wall_s", "stages", "critic"}
 ROW_KEYS = {"name", "split", "k", "episodes", "mean_at_k", "pass_at_1", "by_family", "by_tier"}
-# Stage kinds built elsewhere (issue 13's rsr): left out, loudly, until they are registered.
+# A stage kind not built in this checkout (issue 13's rsr) is left out, loudly (the default).
 SKIP = [] if "rsr" in STAGE_KINDS else ["--config.missing_kinds=skip"]
 
 
