@@ -11,12 +11,22 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MAIN = ROOT / "experiments" / "main.py"
-sys.path.insert(0, str(ROOT / "experiments"))
-
-import terminal_rsi as experiment  # noqa: E402  pylint: disable=wrong-import-position
+sys.path.insert(0, str(ROOT))
 
 from tr.stages import terminal_rsi  # noqa: E402  pylint: disable=wrong-import-position
 from tr.stages.registry import STAGE_KINDS, ConfigError  # noqa: E402  pylint: disable=wrong-import-position
+
+
+def _experiment():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("terminal_rsi_config",
+                                                  ROOT / "experiments" / "terminal_rsi.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+experiment = _experiment()
 
 REPORT_KEYS = {"experiment", "variant", "seed", "wall_s", "stages", "critic"}
 ROW_KEYS = {"name", "split", "k", "episodes", "mean_at_k", "pass_at_1", "by_family", "by_tier"}
