@@ -337,14 +337,17 @@ def read_jsonl(path: pathlib.Path) -> list[dict]:
 
 
 def ev_curve(run_dir: pathlib.Path, stages: dict) -> list[dict]:
-    """[{stage, update, ev}] from the metrics of the warm-up and RPR stages (finite EVs only)."""
+    """[{stage, update, ev, phase}] from the metrics of the warm-up and RPR stages; `ev` is None
+    where it is undefined (returns of zero variance: every reward equal, e.g. no success)."""
     out = []
     for row, stage in stages.items():
         for line in read_jsonl(run_dir / stage / "metrics.jsonl"):
-            ev = line.get("critic/explained_variance")
-            if ev is not None and math.isfinite(ev):
-                out.append({"stage": row, "update": int(line["step"]), "ev": float(ev),
-                            "phase": line.get("phase")})
+            if "critic/explained_variance" not in line:
+                continue
+            ev = line["critic/explained_variance"]
+            ev = float(ev) if ev is not None and math.isfinite(ev) else None
+            out.append({"stage": row, "update": int(line["step"]), "ev": ev,
+                        "phase": line.get("phase")})
     return out
 
 
@@ -444,7 +447,13 @@ def run(config, workdir) -> dict:
     (run_dir / "curves.json").write_text(json.dumps(curves, indent=1, sort_keys=True))
     if rc.plots:
         report["plots"] = write_plots(run_dir, report, curves, rescored)
-    report["wall_s"] = time.monotonic() - t_start
+    # wall_s: every completed start of this run directory (a resumed run adds its time)
+    starts_path = run_dir / "starts.json"
+    starts = json.loads(starts_path.read_text()) if starts_path.exists() else []
+    starts.append(round(time.monotonic() - t_start, 1))
+    _write(starts_path, json.dumps(starts))
+    report["wall_s"] = float(sum(starts))
+    report["starts_wall_s"] = starts
     _write(run_dir / "report.json", json.dumps(report, indent=1, sort_keys=True, default=str))
     _write(run_dir / "report.md", report_markdown(report))
     print(stage_table(report), flush=True)
@@ -483,10 +492,13 @@ def _ablation_info(config) -> dict | None:
 def _ev_summary(curve: list[dict]) -> dict:
     out = {}
     for stage in EV_STAGES:
-        evs = [p["ev"] for p in curve if p["stage"] == stage]
-        if evs:
+        evs = [p["ev"] for p in curve if p["stage"] == stage and p["ev"] is not None]
+        undefined = sum(p["ev"] is None for p in curve if p["stage"] == stage)
+        if undefined and not evs:
+            out[stage] = {"updates": undefined, "undefined": undefined}
+        elif evs:
             out[stage] = {"first": evs[0], "last": evs[-1], "max": max(evs), "min": min(evs),
-                          "updates": len(evs)}
+                          "updates": len(evs) + undefined, "undefined": undefined}
     return out
 
 
@@ -524,11 +536,14 @@ def report_markdown(report: dict) -> str:
     k = rows[0]["k"] if rows else 3
     families = sorted({f for r in rows for f in r["by_family"]})
     out = [f"# Terminal-RSI report: `{report['variant']}`, seed {report['seed']}", "",
-           f"Wall time {report['wall_s']:.0f} s (stages {json.dumps(report['stage_wall_s'])}, "
+           f"Wall time {report['wall_s']:.0f} s over {len(report.get('starts_wall_s', [1]))} "
+           f"start(s) (stages {json.dumps(report['stage_wall_s'])}, "
            f"test evaluations {report['test_eval_s']:.0f} s); {report['test_tasks']} test tasks, "
            f"k = {k}.", ""]
     for gone in report.get("skipped", []):
         out.append(f"* **{gone['name']} not run**: {gone['why']}.")
+    if report.get("skipped"):
+        out.append("")
     if report.get("ablation"):
         out += [f"Ablation arm `{report['ablation']['cell']}`.", ""]
     out += ["## Success per stage (test)", "", "```", stage_table(report), "```", "",
@@ -540,8 +555,13 @@ def report_markdown(report: dict) -> str:
                                                     for f in families) + " |")
     out += ["", "## Critic explained variance", ""]
     for stage, s in report["critic"]["summary"].items():
+        if "first" not in s:
+            out.append(f"* {stage}: {s['updates']} updates, EV undefined throughout (every return "
+                       "equal: no success in the batch)")
+            continue
         out.append(f"* {stage}: {s['updates']} updates, EV first {s['first']:.3f} -> last "
-                   f"{s['last']:.3f} (min {s['min']:.3f}, max {s['max']:.3f})")
+                   f"{s['last']:.3f} (min {s['min']:.3f}, max {s['max']:.3f}; undefined on "
+                   f"{s['undefined']})")
     if "rescore" in report:
         out += ["", f"## FDR vs SPR on the run's own trajectories ({report['rescore']['trajectories']} "
                 f"from {', '.join(report['rescore']['stages'])})", "", "```"]
@@ -586,8 +606,8 @@ def write_plots(run_dir: pathlib.Path, report: dict, curves: dict, rescored) -> 
     for stage in EV_STAGES:
         pts = [p for p in report["critic"]["ev"] if p["stage"] == stage]
         if pts:
-            ax.plot([offset + i + 1 for i in range(len(pts))], [p["ev"] for p in pts], "o-",
-                    ms=3, label=stage)
+            ax.plot([offset + i + 1 for i in range(len(pts))],
+                    [np.nan if p["ev"] is None else p["ev"] for p in pts], "o-", ms=3, label=stage)
             offset += len(pts)
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xlabel("critic update (warm-up, then RPR-1, RPR-2)")
