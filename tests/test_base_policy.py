@@ -97,3 +97,56 @@ def test_bad_band_is_one_clear_error(tmp_path):
                           cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"},
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "config.select" in proc.stderr
+
+
+def test_base_stage_kind_in_a_pipeline_is_a_finished_actor_stage_run_once(tmp_path, monkeypatch):
+    import ml_collections
+
+    from tr.stages import handoff, pipeline
+
+    monkeypatch.setenv("TR_GYM_DIR", str(tmp_path / "gym"))
+    config = ml_collections.ConfigDict({
+        "job": "pipeline",
+        # shared fields of other kinds reach the Base stage through the merge and are ignored
+        "stage_defaults": {"model": {"name": "gym", "overrides": {}}, "eval": {"every": 1},
+                           "rollout": {"concurrency": 2}},
+        "stages": [{"name": "sft0", "kind": "base", "variant": "smoke", "concurrency": 4,
+                    "sft": {"steps": 3, "eval_start": 2, "eval_every": 1}}]})
+    run_dir = tmp_path / "run"
+    summaries = pipeline.run(config, run_dir)
+    summary = summaries["sft0"]
+    stage = run_dir / "sft0"
+    manifest = json.loads((stage / "stage.json").read_text())
+    result = json.loads((stage / "base.json").read_text())
+    assert manifest["kind"] == "sft" and manifest["config"]["model"] == "gym"
+    assert manifest["config"]["tokenizer"] == embedded.TOKENIZER
+    assert manifest["config"]["system_prompt"] == embedded.SYSTEM_PROMPT
+    assert summary["retained_step"] == manifest["finished_step"] == result["selected_step"]
+    assert [e["step"] for e in result["evals"]] == [2, 3]
+    assert summary["val"] == result["val"] and summary["test"] == result["test"]
+    assert json.loads((stage / "summary.json").read_text()) == summary
+    assert "Pass@1" in (stage / "base-test.txt").read_text()
+    assert (stage / "base-evals" / "test").is_dir()
+    saved = sorted(p.name for p in (stage / "checkpoints" / str(summary["retained_step"])).iterdir())
+    assert "actor_params" in saved and "critic_params" not in saved
+    assert handoff.parent_ref(run_dir, "sft0").step == summary["retained_step"]
+    assert json.loads((run_dir / "pipeline.json").read_text())["sft0"] == summary
+
+    def no_training(*_a, **_k):
+        raise AssertionError("a finished base stage was trained again")
+
+    monkeypatch.setattr(base, "train", no_training)
+    assert pipeline.run(config, run_dir)["sft0"] == summary
+
+
+def test_base_stage_config_takes_sections_and_names_bad_fields():
+    config = base.stage_config({"name": "b", "kind": "base", "seed": 3, "variant": "quick",
+                                "sft": {"steps": 9, "learning_rate": 1e-3},
+                                "select": {"band": [0.05, 0.4]}, "tasks": {"source": "gym"}})
+    assert (config.stage, config.seed, config.sft.steps, config.sft.batch) == ("b", 3, 9, 4)
+    assert config.select.band == (0.05, 0.4) and config.model == embedded.MODEL
+    for entry, words in [({"sft": {"stepz": 3}}, "sft.stepz"), ({"lr": 1}, "'lr'"),
+                         ({"actor_from": "sft0"}, "actor_from"), ({"variant": "big"}, "big"),
+                         ({"model": {"name": "gym", "overrides": {"d_model": 64}}}, "overrides")]:
+        with pytest.raises(base.ConfigError, match=words):
+            base.stage_config({"name": "b", "kind": "base", **entry})

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import pathlib
 import random
+import shutil
 import time
 
 import numpy as np
@@ -210,7 +211,70 @@ def table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+
+# ------------------------------------------------------------------------------------------------
+# Config: one set of defaults for the `base` job (experiments/base_policy.py) and stage kind.
+
+VARIANTS = ("default", "quick", "smoke")
+QUICK = {"demos.tasks": 24, "sft.steps": 6, "sft.eval_start": 3, "sft.eval_every": 3, "sft.batch": 4,
+         "eval.val_count": 8, "eval.test_count": 8, "eval.max_turns": 2,
+         "eval.max_output_tokens": 32}
+# Smaller still than `quick` (one eval of two tasks, one turn): the pod form's local smoke run and
+# the stage kind's test.
+SMOKE = {**QUICK, "demos.tasks": 8, "sft.steps": 2, "sft.eval_start": 2, "sft.eval_every": 2,
+         "sft.batch": 2, "eval.val_count": 2, "eval.test_count": 2, "eval.max_turns": 1,
+         "eval.max_output_tokens": 16}
+SECTIONS = ("demos", "sft", "eval", "select")
+
+
+def defaults(variant: str = "default"):
+    """The Base config: seed, stage, model, tokenizer, concurrency and the sections
+    demos / sft / eval / select (the `base` stage kind's fields, too)."""
+    import ml_collections
+
+    if variant not in VARIANTS:
+        raise ConfigError(f"Base variant {variant!r} is not known; choose one of {VARIANTS}")
+    config = ml_collections.ConfigDict()
+    config.seed = 0
+    config.stage = "base"
+    config.model = embedded.MODEL                         # tr/stages/embedded.py
+    config.tokenizer = embedded.TOKENIZER                 # or "byte"
+    config.concurrency = 16                               # sandboxes at once = sampler batch
+    config.demos = ml_collections.ConfigDict()
+    config.demos.tasks = 448                              # train instances, one demo each
+    config.demos.p_mistake = 0.3                          # mistake first, then repair
+    config.demos.p_truncate = 0.2                         # reference cut short, then DONE
+    config.sft = ml_collections.ConfigDict()
+    config.sft.steps = 240
+    config.sft.batch = 8                                  # packed rows per update (~3 demos a row)
+    config.sft.length = 512                               # row length (tokens); longer demos dropped
+    config.sft.learning_rate = 3e-3
+    config.sft.warmup = 20
+    config.sft.eval_start = 80                            # val evaluations at 80, 120, ..., 240
+    config.sft.eval_every = 40
+    config.eval = ml_collections.ConfigDict()
+    config.eval.val_count = 32
+    config.eval.test_count = 64
+    config.eval.temperature = 0.6                         # the papers' evaluation sampling
+    config.eval.top_p = 0.95
+    config.eval.max_turns = 5                             # reference <= 3 commands + DONE
+    config.eval.max_output_tokens = 64
+    config.eval.prompt_bucket = 256                       # the sampler's smallest prompt bucket
+    config.select = ml_collections.ConfigDict()
+    config.select.target = 0.20
+    config.select.band = (0.10, 0.35)
+    for key, value in {"quick": QUICK, "smoke": SMOKE}.get(variant, {}).items():
+        section, field = key.split(".")
+        config[section][field] = value
+    return config
+
+
 def _check(config) -> None:
+    from tr.train.checkpoint import _STAGE_NAME
+
+    if not _STAGE_NAME.match(config.stage or ""):
+        raise ConfigError(f"config.stage / stage name {config.stage!r} must match "
+                          f"{_STAGE_NAME.pattern}")
     for field in ("tasks",):
         if config.demos[field] < 1:
             raise ConfigError(f"config.demos.{field} must be >= 1, got {config.demos[field]}")
@@ -223,7 +287,14 @@ def _check(config) -> None:
                           f"target {config.select.target}, band {config.select.band}")
 
 
-def run(config, workdir: pathlib.Path):
+# ------------------------------------------------------------------------------------------------
+# Training, selection, report
+
+
+def train(config, run_dir: pathlib.Path, out_dir: pathlib.Path) -> dict:
+    """Demos, SFT, val selection, test: stage `config.stage` of `run_dir`'s stage store (its
+    `summary.json` too) and base.json / base-test.txt / base-metrics.jsonl / base-evals/ in
+    `out_dir`.  Returns base.json's content."""
     import jax
     from flax import nnx
 
@@ -236,13 +307,17 @@ def run(config, workdir: pathlib.Path):
 
     _check(config)
     t_start = time.monotonic()
-    workdir = pathlib.Path(workdir)
+    run_dir, out_dir = pathlib.Path(run_dir), pathlib.Path(out_dir)
     tokenizer = embedded.load_tokenizer(config.tokenizer)
     model_cfg = embedded.model_config(config.model)
     if tokenizer.vocab_size > model_cfg.vocab_size:
         raise ConfigError(f"config.tokenizer {config.tokenizer!r} has {tokenizer.vocab_size} ids > "
                           f"model {config.model!r} vocab_size {model_cfg.vocab_size}")
     layout = ChatLayout(tokenizer)
+    stage_dir = run_dir / config.stage
+    if stage_dir.exists():         # an unfinished leftover (a finished stage is never re-run)
+        shutil.rmtree(stage_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
 
     seqs, demo_stats = make_demos(config, tokenizer, layout)
     print(f"demos: {json.dumps(demo_stats, sort_keys=True)}", flush=True)
@@ -277,7 +352,7 @@ def run(config, workdir: pathlib.Path):
             t_train += time.monotonic() - t0
             t0 = time.monotonic()
             evaluator.set_params(state.actor_params)
-            summary = evaluator(val_tasks, workdir / "base-evals" / f"val-{step}")
+            summary = evaluator(val_tasks, out_dir / "base-evals" / f"val-{step}")
             p, fams = pass_rate(summary)
             evals.append({"step": step, "pass_at_1": p, "by_family": fams, "loss": loss,
                           "format_errors": summary["format_errors"]})
@@ -296,14 +371,11 @@ def run(config, workdir: pathlib.Path):
 
     evaluator.set_params(state.actor_params)
     t0 = time.monotonic()
-    test = evaluator(test_tasks, workdir / "base-evals" / "test")
+    test = evaluator(test_tasks, out_dir / "base-evals" / "test")
     t_eval += time.monotonic() - t0
     stage_config = {**embedded.manifest_config(), "model": config.model,
                     "tokenizer": config.tokenizer, "seed": config.seed,
                     "selected_step": chosen["step"], "steps": config.sft.steps}
-    with StageStore(workdir, config.stage, async_save=False) as store:
-        store.create(kind="sft", config=stage_config)
-        store.finish(state)
     wall = time.monotonic() - t_start
     result = {
         "stage": config.stage, "seed": config.seed, "selected_step": chosen["step"],
@@ -318,12 +390,107 @@ def run(config, workdir: pathlib.Path):
         "wall_s": wall, "train_s": t_train, "eval_s": t_eval,
         "model": config.model, "tokenizer": config.tokenizer,
     }
-    (workdir / "base.json").write_text(json.dumps(result, indent=2, sort_keys=True))
+    _write_json(out_dir / "base.json", result)
     text = (f"Base (seed {config.seed}, step {chosen['step']} of {config.sft.steps}): "
             f"val Pass@1 {chosen['pass_at_1']:.3f}, test Pass@1 {result['test']['pass_at_1']:.3f} "
             f"(held-out family: {gym.HELDOUT_FAMILY}); wall {wall:.0f}s\n" + table(test) + "\n")
-    (workdir / "base-test.txt").write_text(text)
-    with open(workdir / "base-metrics.jsonl", "w", encoding="utf-8") as f:
+    (out_dir / "base-test.txt").write_text(text)
+    with open(out_dir / "base-metrics.jsonl", "w", encoding="utf-8") as f:
         f.writelines(json.dumps(m, sort_keys=True) + "\n" for m in metrics_log)
+    with StageStore(run_dir, config.stage, async_save=False) as store:
+        store.create(kind="sft", config=stage_config)
+        manifest = store.finish(state)
+    # summary.json last: with the manifest's finished_step it marks the stage finished.
+    summary = {"stage": config.stage, "kind": KIND, "finished_step": manifest["finished_step"],
+               "retained_step": chosen["step"], "actor_hash": manifest.get("actor_hash_after"),
+               "critic_hash": None,
+               **{k: result[k] for k in ("val", "test", "wall_s", "train_s", "eval_s", "seed",
+                                         "model", "tokenizer")}}
+    _write_json(stage_dir / "summary.json", summary)
     print(text, flush=True)
     return result
+
+
+def _write_json(path: pathlib.Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
+    tmp.replace(path)
+
+
+def _finished(run_dir: pathlib.Path, stage: str) -> dict | None:
+    from tr.stages import handoff
+
+    return handoff.finished_summary(run_dir, stage)
+
+
+def run(config, workdir: pathlib.Path) -> dict:
+    """The `base` job: stage `config.stage` of WORKDIR's store, WORKDIR/base.json and the rest.
+    A finished stage is not trained again (its base.json is returned)."""
+    workdir = pathlib.Path(workdir)
+    if _finished(workdir, config.stage) is not None and (workdir / "base.json").exists():
+        print(f"stage {config.stage!r} is finished in {workdir}; not run again", flush=True)
+        return json.loads((workdir / "base.json").read_text())
+    return train(config, workdir, workdir)
+
+
+# ------------------------------------------------------------------------------------------------
+# Stage kind `base` (tr.stages.pipeline)
+
+KIND = "base"
+# Fields of the pipeline's shared `stage_defaults` (tr.stages.common.stage_defaults) that a Base
+# stage has no use for: ignored when they reach it through the merge, not an error.
+_SHARED_IGNORED = ("tasks", "train", "rollout", "arrays", "checkpoint", "eval.every", "eval.k",
+                   "eval.count", "eval.at_start")
+
+
+def stage_config(entry) -> "ml_collections.ConfigDict":
+    """A pipeline entry (merged over `stage_defaults`) -> the Base config: `defaults(variant)`
+    updated by the entry's seed, model, tokenizer, concurrency and demos / sft / eval / select
+    fields; `name` becomes the stage.  An unknown field raises `ConfigError` naming it."""
+    entry = entry.to_dict() if hasattr(entry, "to_dict") else dict(entry)
+    name = entry.get("name")
+    config = defaults(entry.get("variant") or "default")
+    config.stage = name
+    for parent in ("actor_from", "critic_from"):
+        if entry.get(parent) not in (None, "", "fresh"):
+            raise ConfigError(f"stage {name!r} (kind base) trains an actor from scratch: "
+                              f"{parent}={entry[parent]!r} must be '' or 'fresh'")
+    model = entry.get("model")
+    if isinstance(model, dict):
+        if model.get("overrides"):
+            raise ConfigError(f"stage {name!r} (kind base): model.overrides "
+                              f"{model['overrides']!r} cannot be recorded in the manifest; name a "
+                              "size of tr/models/config.py")
+        entry["model"] = model.get("name") or config.model
+    for key, value in entry.items():
+        if key in ("name", "kind", "variant", "actor_from", "critic_from") or key in _SHARED_IGNORED:
+            continue
+        if key in SECTIONS:
+            if not isinstance(value, dict):
+                raise ConfigError(f"stage {name!r} (kind base): {key} must be a mapping, got {value!r}")
+            for field, v in value.items():
+                if f"{key}.{field}" in _SHARED_IGNORED:
+                    continue
+                if field not in config[key]:
+                    raise ConfigError(f"stage {name!r} (kind base): unknown config field "
+                                      f"{key}.{field}; known: {sorted(config[key])}")
+                config[key][field] = tuple(v) if isinstance(v, list) else v
+        elif key in ("seed", "model", "tokenizer", "concurrency"):
+            config[key] = value
+        else:
+            raise ConfigError(f"stage {name!r} (kind base): unknown config field {key!r}; known: "
+                              f"{sorted(['seed', 'model', 'tokenizer', 'concurrency', 'variant', *SECTIONS])}")
+    return config
+
+
+def run_stage(stage_config_entry, run_dir, **_) -> dict:
+    """Stage kind `base`: the Base SFT as stage `run_dir/<name>/` (kind sft, actor only), its
+    base.json / base-test.txt / base-evals inside the stage directory; returns `summary.json`
+    (`retained_step` = the val-selected step, val / test Pass@1).  A finished stage is not re-run."""
+    run_dir = pathlib.Path(run_dir)
+    config = stage_config(stage_config_entry)
+    done = _finished(run_dir, config.stage)
+    if done is not None:
+        return done
+    train(config, run_dir, run_dir / config.stage)
+    return _finished(run_dir, config.stage)

@@ -19,6 +19,7 @@ STAGE_KINDS: dict[str, str] = {
         "init": "tr.stages.handoff:init_base",
         "warmup": "tr.stages.warmup:run",
         "rpr": "tr.stages.rpr:run",
+        "base": "tr.stages.base:run_stage",
 }
 
 
