@@ -160,7 +160,7 @@ def _paper(config) -> None:
                                   profile_tasks=0)
     for entry in config.stages:
         if entry["kind"] == "rsr":
-            entry["rsr"] = {"k": 4, "m": 4}
+            entry["rsr"] = {"explore_k": 4, "replay_m": 4}
     config.report.update(count=0, k=3, temperature=0.6, top_p=0.95, max_output_tokens=8192,
                          max_turns=64, concurrency=64)
     config.paper = ml_collections.ConfigDict({

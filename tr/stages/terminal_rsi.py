@@ -110,7 +110,7 @@ def schedule(config) -> tuple[list[dict], dict, dict, list[dict]]:
     shared["seed"] = int(config.seed)
     for entry in entries:
         entry.pop("seed", None)
-    missing = [e for e in entries if e["kind"] not in STAGE_KINDS and e["kind"] != "base"]
+    missing = [e for e in entries if e["kind"] not in STAGE_KINDS]
     skipped = []
     if missing and config.missing_kinds != "skip":
         raise ConfigError(
@@ -141,15 +141,7 @@ def validate(config) -> dict:
                 raise ConfigError(f"stage {entry['name']!r}: {parent}={source!r} is not an earlier "
                                   f"stage (earlier: {names})")
         names.append(entry["name"])
-        kind = entry["kind"]
-        module = STAGE_KINDS.get(kind)
-        if module and kind != "init":
-            import importlib  # pylint: disable=g-import-not-at-top
-            kind_module = importlib.import_module(module.split(":")[0])
-            if hasattr(kind_module, "defaults"):
-                from tr.stages import common  # pylint: disable=g-import-not-at-top
-                merged = _merge(shared, entry)
-                common.resolve_stage_config(merged, kind_module.defaults())
+        _check_stage(entry["kind"], _merge(shared, entry))
     unknown = sorted(set(report) - set(REPORT_ROWS))
     if unknown:
         raise ConfigError(f"config.report.stages has unknown row(s) {unknown}; rows: {REPORT_ROWS}")
@@ -173,6 +165,21 @@ def validate(config) -> dict:
             "model": {"name": model.get("name"), "params_millions": _params_m(model_config)}}
 
 
+def _check_stage(kind: str, merged: dict) -> None:
+    """The stage kind's own config resolution (unknown field -> ConfigError), nothing built."""
+    import importlib  # pylint: disable=g-import-not-at-top
+
+    from tr.stages import common  # pylint: disable=g-import-not-at-top
+
+    if kind not in STAGE_KINDS or kind == "init":
+        return
+    module = importlib.import_module(STAGE_KINDS[kind].split(":")[0])
+    if kind == "base":
+        module.stage_config(merged)
+    elif hasattr(module, "defaults"):
+        common.resolve_stage_config(merged, module.defaults())
+
+
 def _params_m(cfg) -> float:
     d, f, n = cfg.d_model, cfg.d_ff, cfg.n_layers
     attn = d * cfg.head_dim * (cfg.n_heads * 2 + cfg.n_kv_heads * 2)
@@ -181,39 +188,6 @@ def _params_m(cfg) -> float:
 
 # ------------------------------------------------------------------------------------------------
 # Running the stages
-
-
-def _base_stage(merged: dict, run_dir: pathlib.Path) -> dict:
-    """Stage `base` through the `base` job (tr/stages/base.py) while the stage kind is not
-    registered: its config is the base_policy config's default with the entry's sections."""
-    from tr.stages import base as base_job  # pylint: disable=g-import-not-at-top
-    from tr.stages import handoff  # pylint: disable=g-import-not-at-top
-    from tr.train.checkpoint import StageStore  # pylint: disable=g-import-not-at-top
-
-    done = handoff.finished_summary(run_dir, merged["name"])
-    if done is not None:
-        return done
-    import importlib.util  # pylint: disable=g-import-not-at-top
-    path = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "base_policy.py"
-    spec = importlib.util.spec_from_file_location("base_policy", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    cfg = module.get_config("default")
-    cfg.seed = int(merged.get("seed", 0))
-    cfg.stage = merged["name"]
-    for section in ("demos", "sft", "eval", "select"):
-        for key, value in dict(merged.get(section, {})).items():
-            if key in cfg[section]:
-                cfg[section][key] = value
-    result = base_job.run(cfg, run_dir)
-    with StageStore(run_dir, merged["name"], async_save=False) as store:
-        finished = store.manifest["finished_step"]
-    summary = {"stage": merged["name"], "kind": "base", "finished_step": finished,
-               "retained_step": finished, "val_pass@1": result["val"]["pass_at_1"],
-               "test_pass@1": result["test"]["pass_at_1"], "wall_s": result["wall_s"]}
-    path = run_dir / merged["name"] / "summary.json"
-    path.write_text(json.dumps(summary, indent=1, sort_keys=True))
-    return summary
 
 
 def run_stages(entries, shared, run_dir: pathlib.Path) -> dict:
@@ -226,10 +200,7 @@ def run_stages(entries, shared, run_dir: pathlib.Path) -> dict:
         merged = _merge(shared, entry)
         t0 = time.monotonic()
         print(f"[terminal_rsi] stage {entry['name']} ({entry['kind']})", flush=True)
-        if entry["kind"] == "base" and "base" not in STAGE_KINDS:
-            summaries[entry["name"]] = _base_stage(merged, run_dir)
-        else:
-            summaries[entry["name"]] = stage_kind(entry["kind"])(merged, run_dir)
+        summaries[entry["name"]] = stage_kind(entry["kind"])(merged, run_dir)
         times.setdefault(entry["name"], round(time.monotonic() - t0, 1))
         times_path.write_text(json.dumps(times, indent=1))
         (run_dir / "pipeline.json").write_text(
