@@ -34,7 +34,7 @@ ROW_KEYS = {"name", "split", "k", "episodes", "mean_at_k", "pass_at_1", "by_fami
 SKIP = [] if "rsr" in STAGE_KINDS else ["--config.missing_kinds=skip"]
 
 
-def run_main(*args, timeout=600):
+def run_main(*args, timeout=2400):   # a guard against a hang; quick takes minutes alone
     return subprocess.run([sys.executable, str(MAIN), *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout,
                           env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"})
