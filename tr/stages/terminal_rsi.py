@@ -379,7 +379,6 @@ def run(config, workdir) -> dict:
     for gone in skipped:
         print(f"[terminal_rsi] skipping stage {gone['name']}: {gone['why']}", flush=True)
     summaries = run_stages(entries, shared, run_dir)
-    t_eval = time.monotonic()
     from tr.envs import gym  # pylint: disable=g-import-not-at-top
 
     rc = config.report
@@ -395,8 +394,7 @@ def run(config, workdir) -> dict:
         print(f"[terminal_rsi] test {row} ({stage}, step {data['retained_step']}): "
               f"Mean@{rc.k} {rows[-1]['mean_at_k']:.3f}  Pass@1 {rows[-1]['pass_at_1']:.3f}",
               flush=True)
-    del t_eval   # the evaluations' own times are kept in their eval.json (cached across starts)
-    eval_s = float(sum(row.get("eval_s") or 0.0 for row in rows))
+    eval_s = float(sum(row.get("eval_s") or 0.0 for row in rows))   # kept in eval.json across starts
     ev_stages = {"warmup": "warmup"} if "warmup" in summaries else {}
     ev_stages.update({r: report_stages[r] for r in ("rpr1", "rpr2") if r in report_stages})
     times = json.loads((run_dir / "stage_times.json").read_text())
