@@ -61,19 +61,21 @@ def _base_entry(variant: str) -> dict:
 
 
 def stage_entries(*, calibration: int, rpr1_iterations: int, rpr2_iterations: int,
-                  rpr2_lr: float, base: dict, warmup_tasks: int = 32, profile_tasks: int = 16
-                  ) -> list[dict]:
-    """The five-stage schedule plus the critic warm-up (the issue's 'Stage schedule')."""
+                  rpr2_lr: float, base: dict, warmup_tasks: int = 32, profile_tasks: int = 16,
+                  rsr: dict | None = None) -> list[dict]:
+    """The five-stage schedule plus the critic warm-up (the issue's 'Stage schedule'); `rsr`: the
+    RSR stages' `rsr` section (tr/stages/rsr.py: tasks, explore_k, replay_m, ...)."""
+    rsr = dict(rsr or {"tasks": 16, "explore_k": 4, "replay_m": 4})
     return [
         base,
-        {"name": "rsr1", "kind": "rsr", "actor_from": "base"},
+        {"name": "rsr1", "kind": "rsr", "actor_from": "base", "rsr": dict(rsr)},
         {"name": "warmup", "kind": "warmup", "actor_from": "rsr1", "critic_from": "fresh",
          "warmup": {"tasks": warmup_tasks},
          "eval": {"at_start": False}},            # the actor is RSR-1's: nothing to evaluate
         {"name": "rpr1", "kind": "rpr", "actor_from": "rsr1", "critic_from": "warmup",
          "rpr": {"reward": "fdr", "calibration_updates": calibration,
                  "iterations": rpr1_iterations, "profile_tasks": profile_tasks}},
-        {"name": "rsr2", "kind": "rsr", "actor_from": "rpr1"},
+        {"name": "rsr2", "kind": "rsr", "actor_from": "rpr1", "rsr": dict(rsr)},
         {"name": "rpr2", "kind": "rpr", "actor_from": "rsr2", "critic_from": "rpr1",
          "rpr": {"reward": "spr", "calibration_updates": calibration,
                  "iterations": rpr2_iterations, "profile_tasks": profile_tasks},
@@ -129,7 +131,9 @@ def get_config(variant: str = "default"):
         config.stage_defaults.train.ppo.update(mini_batches=1)
         config.stages = stage_entries(calibration=1, rpr1_iterations=1, rpr2_iterations=1,
                                       rpr2_lr=actor_lr / 5, base=_base_entry(variant),
-                                      warmup_tasks=4, profile_tasks=4)
+                                      warmup_tasks=4, profile_tasks=4,
+                                      rsr={"tasks": 4, "explore_k": 2, "replay_m": 1,
+                                           "epochs": 1, "batch": 4})
         config.report.update(count=4, k=3, max_turns=2, max_output_tokens=24, concurrency=4)
     elif variant == "direct_ppo":
         # RPR straight from Base, fresh critic (no warm-up, no RSR), the calibration and PPO
@@ -157,10 +161,7 @@ def _paper(config) -> None:
     d.train.ppo.update(estimator="tb_gae", mini_batches=1, epochs=1)
     config.stages = stage_entries(calibration=4, rpr1_iterations=20, rpr2_iterations=18,
                                   rpr2_lr=1e-7, base=_base_entry("paper"), warmup_tasks=0,
-                                  profile_tasks=0)
-    for entry in config.stages:
-        if entry["kind"] == "rsr":
-            entry["rsr"] = {"explore_k": 4, "replay_m": 4}
+                                  profile_tasks=0, rsr={"tasks": 0, "explore_k": 4, "replay_m": 4})
     config.report.update(count=0, k=3, temperature=0.6, top_p=0.95, max_output_tokens=8192,
                          max_turns=64, concurrency=64)
     config.paper = ml_collections.ConfigDict({
