@@ -11,6 +11,7 @@ JOBS: dict[str, str] = {
         "reterm": "tr.stages.reterm:run",
         "aot": "tr.train.aot:run",
         "pipeline": "tr.stages.pipeline:run",
+        "terminal_rsi": "tr.stages.terminal_rsi:run",
 }
 
 # stage kind -> "module:function" with run(stage_config, run_dir) -> summary dict.

@@ -1,0 +1,172 @@
+"""Terminal-RSI end to end (issue 14): Base -> RSR-1 -> RPR-1 -> RSR-2 -> RPR-2 on the gym, then a
+`test` evaluation of every stage's retained actor and the report.
+
+  bash launch/run.sh                                   # this file, variant `default`
+  python experiments/main.py --config=experiments/terminal_rsi.py:quick --workdir=/tmp/rsi
+
+Stage schedule (`config.stages`, run by the `pipeline` machinery in one run directory):
+
+    base     kind `base` (Base SFT on teacher demos, val-selected)
+    rsr1     kind `rsr`, actor from base
+    warmup   kind `warmup`, actor rsr1 frozen, fresh critic
+    rpr1     kind `rpr`, actor rsr1, critic from warmup, reward FDR
+    rsr2     kind `rsr`, actor from rpr1
+    rpr2     kind `rpr`, actor rsr2, critic inherited from rpr1, reward SPR, actor lr / 5
+
+Any stage resumes after a kill; a finished stage is not re-run; the test evaluations are cached
+per stage (`report-evals/<stage>/eval.json`).  Outputs: report.json, report.md, plots/*.png.
+
+Variants
+  default     the gym and the embedded model on CPU (the main job, budgeted at 15 min on 2 cores)
+  quick       the same loop at test size (<= 2 min; the tests run it)
+  paper       the seed's Table 1 setup (qwen3-27b, a task directory, batch 256/288, ...): loads and
+              validates (`--config.validate_only=True` is implied), cannot run here
+  direct_ppo  RPR from Base with a fresh critic (the paper's baseline), compute-matched to
+              RPR-1 + RPR-2
+  ablation    the 2^3 factorial: estimator (tb_gae | token_gae) x rewards (fdr_spr | fdr) x critic
+              (inherit | reset); `--config.ablation.cell=tb_gae/fdr_spr/inherit` (or `direct_ppo`,
+              `rsr_only`) picks the arm, `--config.seed=S` the seed; one run per cell and seed,
+              merged by `python -m tr.stages.terminal_rsi merge RUN_DIR... --out DIR`.
+"""
+
+import ml_collections
+
+from tr.train import pod
+
+VARIANTS = ("default", "quick", "paper", "direct_ppo", "ablation")
+
+# The ablation's factors (issue 14, "Beyond the paper") and its two extra arms.
+FACTORS = {"estimator": ("tb_gae", "token_gae"), "rewards": ("fdr_spr", "fdr"),
+           "critic": ("inherit", "reset")}
+CELLS = tuple(f"{e}/{r}/{c}" for e in FACTORS["estimator"] for r in FACTORS["rewards"]
+              for c in FACTORS["critic"])
+ARMS = CELLS + ("direct_ppo", "rsr_only")
+
+# The pod form's local smoke run (tests/test_launchers.py): validation only.
+SMOKE_FLAGS = ("--config.validate_only=True",)
+
+
+def _base_entry(variant: str) -> dict:
+    """Stage `base`: the base_policy config's sections (demos, sft, eval, select)."""
+    if variant == "quick":
+        return {"name": "base", "kind": "base",
+                "demos": {"tasks": 24}, "sft": {"steps": 6, "eval_start": 3, "eval_every": 3,
+                                                "batch": 4},
+                "eval": {"val_count": 8, "test_count": 8, "max_turns": 2, "max_output_tokens": 32}}
+    if variant == "paper":
+        return {"name": "base", "kind": "base"}
+    return {"name": "base", "kind": "base",
+            "demos": {"tasks": 448}, "sft": {"steps": 200, "eval_start": 80, "eval_every": 40},
+            "eval": {"val_count": 24, "test_count": 8}}
+
+
+def stage_entries(*, calibration: int, rpr1_iterations: int, rpr2_iterations: int,
+                  rpr2_lr: float, base: dict, warmup_tasks: int = 32, profile_tasks: int = 16,
+                  rsr: dict | None = None) -> list[dict]:
+    """The five-stage schedule plus the critic warm-up (the issue's 'Stage schedule'); `rsr`: the
+    RSR stages' `rsr` section (tr/stages/rsr.py: tasks, explore_k, replay_m, ...)."""
+    rsr = dict(rsr or {"tasks": 16, "explore_k": 4, "replay_m": 4})
+    return [
+        base,
+        {"name": "rsr1", "kind": "rsr", "actor_from": "base", "rsr": dict(rsr)},
+        {"name": "warmup", "kind": "warmup", "actor_from": "rsr1", "critic_from": "fresh",
+         "warmup": {"tasks": warmup_tasks},
+         "eval": {"at_start": False}},            # the actor is RSR-1's: nothing to evaluate
+        {"name": "rpr1", "kind": "rpr", "actor_from": "rsr1", "critic_from": "warmup",
+         "rpr": {"reward": "fdr", "calibration_updates": calibration,
+                 "iterations": rpr1_iterations, "profile_tasks": profile_tasks}},
+        {"name": "rsr2", "kind": "rsr", "actor_from": "rpr1", "rsr": dict(rsr)},
+        {"name": "rpr2", "kind": "rpr", "actor_from": "rsr2", "critic_from": "rpr1",
+         "rpr": {"reward": "spr", "calibration_updates": calibration,
+                 "iterations": rpr2_iterations, "profile_tasks": profile_tasks},
+         "train": {"actor": {"optimizer": {"learning_rate": rpr2_lr}}}},
+    ]
+
+
+def get_config(variant: str = "default"):
+    if variant not in VARIANTS:
+        raise ValueError(f"experiments/terminal_rsi.py: unknown variant {variant!r}; choose one of "
+                         f"{VARIANTS}")
+    config = ml_collections.ConfigDict()
+    config.pod = pod.pod_config()
+    config.job = "terminal_rsi"
+    config.variant = variant
+    config.seed = 0                      # every stage's seed (applied by the job)
+    config.validate_only = variant == "paper"
+    # A stage whose kind this checkout lacks: "skip" (the stage is left out, its children take its
+    # actor_from; the run and the report say so) or "error" (refuse before running anything).
+    config.missing_kinds = "skip"
+    actor_lr = 3e-4
+    config.stage_defaults = ml_collections.ConfigDict({
+        "model": {"name": "", "overrides": {}},   # "" = the actor parent's (Base: the embedded gym model)
+        "tasks": {"source": "gym", "count": 0, "seed": 0},
+        "rollout": {"concurrency": 16, "tasks_per_iteration": 16, "group_size": 1,
+                    "oversample": 0, "max_output_tokens": 64, "max_turns": 5},
+        "arrays": {"rows": 32, "length": 1024},   # a summarised episode takes 2+ rows
+        "eval": {"count": 24, "every": 2, "k": 1},
+        "train": {"actor": {"optimizer": {"learning_rate": actor_lr}},
+                  "critic": {"optimizer": {"learning_rate": 1e-3}},
+                  "ppo": {"epochs": 1, "mini_batches": 2, "estimator": "tb_gae",
+                          "gamma_turn": 1.0, "lam_turn": 1.0},
+                  "logprob_chunk_size": 1024},
+    })
+    calibration, it1, it2 = 2, 6, 6
+    config.stages = stage_entries(calibration=calibration, rpr1_iterations=it1,
+                                  rpr2_iterations=it2, rpr2_lr=actor_lr / 5,
+                                  base=_base_entry(variant))
+    # The report: a test evaluation (Mean@k, Pass@1 by family and tier) of each stage's retained
+    # actor; which pipeline stage stands for which report row.
+    config.report = ml_collections.ConfigDict({
+        "stages": {"base": "base", "rsr1": "rsr1", "rpr1": "rpr1", "rsr2": "rsr2", "rpr2": "rpr2"},
+        "split": "test", "k": 3, "count": 64, "temperature": 0.6, "top_p": 0.95,
+        "max_turns": 5, "max_output_tokens": 64, "concurrency": 16, "plots": True,
+    })
+    config.ablation = ml_collections.ConfigDict({"cell": ""})   # one of ARMS ("" = none)
+
+    if variant == "quick":
+        config.stage_defaults.rollout.update(concurrency=4, tasks_per_iteration=4,
+                                             max_output_tokens=24, max_turns=2)
+        config.stage_defaults.arrays.update(rows=4, length=512)
+        config.stage_defaults.eval.update(count=4, every=0)
+        config.stage_defaults.train.ppo.update(mini_batches=1)
+        config.stages = stage_entries(calibration=1, rpr1_iterations=1, rpr2_iterations=1,
+                                      rpr2_lr=actor_lr / 5, base=_base_entry(variant),
+                                      warmup_tasks=4, profile_tasks=4,
+                                      rsr={"tasks": 4, "explore_k": 2, "replay_m": 1,
+                                           "epochs": 1, "batch": 4})
+        config.report.update(count=4, k=3, max_turns=2, max_output_tokens=24, concurrency=4)
+    elif variant == "direct_ppo":
+        # RPR straight from Base, fresh critic (no warm-up, no RSR), the calibration and PPO
+        # iterations of RPR-1 + RPR-2; the report's `rpr2` row is that stage.
+        config.ablation.cell = "direct_ppo"
+    elif variant == "ablation":
+        config.ablation.cell = CELLS[0]
+    elif variant == "paper":
+        _paper(config)
+    return config
+
+
+def _paper(config) -> None:
+    """The seed's Table 1 and setup (SPEC §6)."""
+    config.pod = pod.pod_config(fsdp=-1, context=4)
+    d = config.stage_defaults
+    d.model = {"name": "qwen3-27b", "overrides": {}}
+    d.tasks = {"source": "suite", "suite": "/data/terminal-bench/tasks", "count": 0, "seed": 0}
+    d.rollout.update(concurrency=288, tasks_per_iteration=256, group_size=1, oversample=32,
+                     max_output_tokens=8192, max_turns=64)
+    d.arrays.update(rows=512, length=32768)
+    d.eval.update(count=0, every=1, k=3)
+    d.train.actor.optimizer.learning_rate = 5e-7
+    d.train.critic.optimizer.learning_rate = 1.5e-5
+    d.train.ppo.update(estimator="tb_gae", mini_batches=1, epochs=1)
+    config.stages = stage_entries(calibration=4, rpr1_iterations=20, rpr2_iterations=18,
+                                  rpr2_lr=1e-7, base=_base_entry("paper"), warmup_tasks=0,
+                                  profile_tasks=0, rsr={"tasks": 0, "explore_k": 4, "replay_m": 4})
+    config.report.update(count=0, k=3, temperature=0.6, top_p=0.95, max_output_tokens=8192,
+                         max_turns=64, concurrency=64)
+    config.paper = ml_collections.ConfigDict({
+        "batch": 256, "oversampled": 288, "actor_lr": 5e-7, "actor_lr_rpr2": 1e-7,
+        "critic_lr": 1.5e-5, "eps_low": 0.30, "eps_high": 5.00, "eps_value": 4.00,
+        "critic_grad_clip": 100.0, "retained_steps": (20, 18), "K": 4, "M": 4,
+        "eval_temperature": 0.6, "eval_top_p": 0.95, "output_tokens_per_turn": 8192,
+        "summary_at_tokens": 32768, "context_parallel": 4})

@@ -1,0 +1,717 @@
+"""The `terminal_rsi` job (issue 14): the stage schedule of `experiments/terminal_rsi.py`, then a
+`test` evaluation of every stage's retained actor and the report.
+
+    stages    config.stages over config.stage_defaults, run as the `pipeline` job runs them (a
+              finished stage is not re-run, a killed one resumes); `config.seed` is every stage's
+              seed; `config.ablation.cell` rewrites the schedule into one arm of the ablation
+    evaluate  each report row's stage (config.report.stages: row -> stage), its retained actor
+              (summary.json `retained_step`, chosen on `val`) on the gym's `test` split: Mean@k
+              = (1/|T|) Σ_x (1/k) Σ_r S(x, r) and Pass@1, by family and tier (cached per stage in
+              report-evals/<stage>/eval.json)
+    critic    EV = 1 − Var(R − V)/Var(R) per update, from the metrics of warmup, rpr1, rpr2
+    rescore   FDR vs SPR on the run's own RPR trajectories (same outcomes, only the formula
+              changes; tr.rewards.rescore), with RPR-1's frozen scale table
+    write     report.json (the issue's keys + more), report.md, plots/*.png
+
+`python -m tr.stages.terminal_rsi merge RUN_DIR... --out DIR` merges the report.json of ablation
+runs (one per arm and seed) into ablation.json, ablation.md and ablation.png (mean ± std over seeds
+of each arm's test Mean@k per stage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import pathlib
+import statistics
+import sys
+import time
+from typing import Sequence
+
+from tr.stages.registry import STAGE_KINDS, ConfigError, stage_kind
+
+REPORT_ROWS = ("base", "rsr1", "rpr1", "rsr2", "rpr2")
+EV_STAGES = ("warmup", "rpr1", "rpr2")
+FACTORS = {"estimator": ("tb_gae", "token_gae"), "rewards": ("fdr_spr", "fdr"),
+           "critic": ("inherit", "reset")}
+
+
+# ------------------------------------------------------------------------------------------------
+# The schedule
+
+
+def _plain(tree):
+    return tree.to_dict() if hasattr(tree, "to_dict") else copy.deepcopy(tree)
+
+
+def arm_stages(entries: list[dict], report: dict, cell: str) -> tuple[list[dict], dict, dict]:
+    """The schedule and report rows of ablation arm `cell` (pure; '' = unchanged).
+
+    `E/R/C`: estimator E for every stage; R = `fdr` keeps FDR in RPR-2 (else SPR); C = `reset`
+    gives RPR-1 and RPR-2 a fresh critic (the warm-up still runs: same rollouts and updates).
+    `direct_ppo`: Base then one RPR stage with a fresh critic and FDR, with the calibration and
+    PPO iterations of RPR-1 + RPR-2. `rsr_only`: Base, RSR-1, RSR-2 (actor from RSR-1).
+    Returns (entries, report rows, shared-config overrides).
+    """
+    by_name = {e["name"]: copy.deepcopy(e) for e in entries}
+    shared: dict = {}
+    if not cell:
+        return [by_name[e["name"]] for e in entries], dict(report), shared
+    if cell == "direct_ppo":
+        iters = sum(by_name[s].get("rpr", {}).get("iterations", 0) for s in ("rpr1", "rpr2"))
+        calib = sum(by_name[s].get("rpr", {}).get("calibration_updates", 0)
+                    for s in ("rpr1", "rpr2"))
+        ppo = {"name": "ppo", "kind": "rpr", "actor_from": "base", "critic_from": "fresh",
+               "rpr": {"reward": "fdr", "calibration_updates": calib, "iterations": iters}}
+        return [by_name["base"], ppo], {"base": "base", "rpr2": "ppo"}, shared
+    if cell == "rsr_only":
+        rsr2 = {**by_name["rsr2"], "actor_from": "rsr1"}
+        return ([by_name["base"], by_name["rsr1"], rsr2],
+                {"base": "base", "rsr1": "rsr1", "rsr2": "rsr2"}, shared)
+    parts = cell.split("/")
+    if len(parts) != 3 or any(p not in FACTORS[f] for p, f in zip(parts, FACTORS)):
+        raise ConfigError(f"config.ablation.cell = {cell!r}: expected 'direct_ppo', 'rsr_only' or "
+                          f"estimator/rewards/critic with estimator in {FACTORS['estimator']}, "
+                          f"rewards in {FACTORS['rewards']}, critic in {FACTORS['critic']}")
+    estimator, rewards, critic = parts
+    shared = {"train": {"ppo": {"estimator": estimator}}}
+    if rewards == "fdr":
+        by_name["rpr2"].setdefault("rpr", {})["reward"] = "fdr"
+    if critic == "reset":
+        by_name["rpr1"]["critic_from"] = "fresh"
+        by_name["rpr2"]["critic_from"] = "fresh"
+    return [by_name[e["name"]] for e in entries], dict(report), shared
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "overrides":
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def schedule(config) -> tuple[list[dict], dict, dict, list[dict]]:
+    """(entries, shared stage defaults, report rows, skipped stages) the run will use.
+
+    The run's seed goes into every stage; the ablation cell rewrites the schedule; a stage of a
+    kind this checkout lacks is an error, or (`missing_kinds = 'skip'`) left out with its
+    children's `actor_from` / `critic_from` pointing at its own parents.
+    """
+    entries = [_plain(e) for e in config.stages]
+    report = dict(_plain(config.report.stages))
+    cell = str(config.get("ablation", {}).get("cell", "") or "")
+    entries, report, shared_over = arm_stages(entries, report, cell)
+    shared = _merge(_plain(config.stage_defaults), shared_over)
+    shared["seed"] = int(config.seed)
+    for entry in entries:
+        entry.pop("seed", None)
+    missing = [e for e in entries if e["kind"] not in STAGE_KINDS]
+    skipped = []
+    if missing and config.missing_kinds != "skip":
+        raise ConfigError(
+            f"stage kind(s) {sorted({e['kind'] for e in missing})} of stages "
+            f"{[e['name'] for e in missing]} are not built in this checkout (known: "
+            f"{sorted(STAGE_KINDS)}); set --config.missing_kinds=skip to run without them")
+    for gone in missing:
+        entries = [e for e in entries if e is not gone]
+        for entry in entries:
+            for side in ("actor_from", "critic_from"):
+                if entry.get(side) == gone["name"]:
+                    entry[side] = gone.get(side) or gone.get("actor_from", "")
+        report = {row: stage for row, stage in report.items() if stage != gone["name"]}
+        skipped.append({"name": gone["name"], "kind": gone["kind"],
+                        "why": f"stage kind {gone['kind']!r} is not built in this checkout"})
+    return entries, shared, report, skipped
+
+
+def validate(config) -> dict:
+    """Resolves every stage's config against its kind's defaults (unknown field -> ConfigError)
+    and checks the parents, the report rows and the sizes, without building anything."""
+    entries, shared, report, skipped = schedule(config)
+    names = []
+    for index, entry in enumerate(entries):
+        for parent in ("actor_from", "critic_from"):
+            source = entry.get(parent)
+            if source and source != "fresh" and source not in names:
+                raise ConfigError(f"stage {entry['name']!r}: {parent}={source!r} is not an earlier "
+                                  f"stage (earlier: {names})")
+        names.append(entry["name"])
+        _check_stage(entry["kind"], _merge(shared, entry))
+    unknown = sorted(set(report) - set(REPORT_ROWS))
+    if unknown:
+        raise ConfigError(f"config.report.stages has unknown row(s) {unknown}; rows: {REPORT_ROWS}")
+    absent = sorted(s for s in report.values() if s not in names)
+    if absent:
+        raise ConfigError(f"config.report.stages names stage(s) {absent} not in the schedule {names}")
+    if int(config.report.k) < 1:
+        raise ConfigError(f"config.report.k = {config.report.k}: must be >= 1")
+    from tr.models.config import get_model_config  # pylint: disable=g-import-not-at-top
+    model = dict(shared.get("model", {}))
+    if not model.get("name"):     # inherited from Base's manifest: the embedded model
+        from tr.stages import embedded  # pylint: disable=g-import-not-at-top
+        model = {"name": embedded.MODEL, "overrides": {}}
+    try:
+        model_config = get_model_config(model["name"], **dict(model.get("overrides", {})))
+    except ValueError as error:
+        raise ConfigError(f"config.stage_defaults.model: {error}") from None
+    return {"stages": [{k: e[k] for k in ("name", "kind") if k in e} |
+                       {k: e.get(k, "") for k in ("actor_from", "critic_from")} for e in entries],
+            "report": report, "skipped": skipped,
+            "model": {"name": model.get("name"), "params_millions": _params_m(model_config)}}
+
+
+def _check_stage(kind: str, merged: dict) -> None:
+    """The stage kind's own config resolution (unknown field -> ConfigError), nothing built."""
+    import importlib  # pylint: disable=g-import-not-at-top
+
+    from tr.stages import common  # pylint: disable=g-import-not-at-top
+
+    if kind not in STAGE_KINDS or kind == "init":
+        return
+    module = importlib.import_module(STAGE_KINDS[kind].split(":")[0])
+    if kind == "base":
+        module.stage_config(merged)
+    elif hasattr(module, "defaults"):
+        common.resolve_stage_config(merged, module.defaults())
+
+
+def _params_m(cfg) -> float:
+    d, f, n = cfg.d_model, cfg.d_ff, cfg.n_layers
+    attn = d * cfg.head_dim * (cfg.n_heads * 2 + cfg.n_kv_heads * 2)
+    return round((n * (attn + 3 * d * f) + 2 * cfg.vocab_size * d) / 1e6, 1)
+
+
+# ------------------------------------------------------------------------------------------------
+# Running the stages
+
+
+def run_stages(entries, shared, run_dir: pathlib.Path) -> dict:
+    """The pipeline over `entries` (a finished stage returns its summary at once); wall time per
+    stage in `stage_times.json`."""
+    times_path = run_dir / "stage_times.json"
+    times = json.loads(times_path.read_text()) if times_path.exists() else {}
+    summaries = {}
+    for entry in entries:
+        merged = _merge(shared, entry)
+        t0 = time.monotonic()
+        print(f"[terminal_rsi] stage {entry['name']} ({entry['kind']})", flush=True)
+        summaries[entry["name"]] = stage_kind(entry["kind"])(merged, run_dir)
+        times.setdefault(entry["name"], round(time.monotonic() - t0, 1))
+        times_path.write_text(json.dumps(times, indent=1))
+        (run_dir / "pipeline.json").write_text(
+            json.dumps(summaries, indent=1, sort_keys=True, default=str))
+    return summaries
+
+
+# ------------------------------------------------------------------------------------------------
+# Test evaluation of a stage's retained actor
+
+
+def stage_graph(run_dir: pathlib.Path, stage: str):
+    """(ModelConfig, tokenizer, system prompt | None) a stage's manifest records."""
+    from tr.models.config import get_model_config  # pylint: disable=g-import-not-at-top
+    from tr.stages import embedded  # pylint: disable=g-import-not-at-top
+
+    manifest = json.loads((run_dir / stage / "stage.json").read_text())
+    config = manifest.get("config") or {}
+    model = config.get("model")
+    if isinstance(model, str):
+        model_config = embedded.model_config(model)
+    elif isinstance(model, dict):
+        model_config = get_model_config(model["name"], **dict(model.get("overrides") or {}))
+    else:
+        raise ConfigError(f"{run_dir / stage / 'stage.json'}: config.model is {model!r}")
+    tokenizer = embedded.load_tokenizer(config.get("tokenizer") or "byte")
+    if tokenizer.vocab_size > model_config.vocab_size:
+        from tr.models.tokenizer import ByteTokenizer  # pylint: disable=g-import-not-at-top
+        tokenizer = ByteTokenizer(vocab_size=model_config.vocab_size)
+    return model_config, tokenizer, config.get("system_prompt") or None
+
+
+def retained_step(run_dir: pathlib.Path, stage: str) -> int:
+    summary = json.loads((run_dir / stage / "summary.json").read_text())
+    step = summary.get("retained_step")
+    return int(summary["finished_step"] if step is None else step)
+
+
+def evaluate_stage(run_dir: pathlib.Path, stage: str, report_config, tasks, *, seed: int) -> dict:
+    """Mean@k / Pass@1 of `stage`'s retained actor on `tasks` (evaluation sampling); cached."""
+    out_dir = run_dir / "report-evals" / stage
+    step = retained_step(run_dir, stage)
+    cached = out_dir / "eval.json"
+    if cached.exists():
+        data = json.loads(cached.read_text())
+        if data.get("retained_step") == step:
+            return data
+    from flax import nnx  # pylint: disable=g-import-not-at-top
+
+    from tr.agent import evaluation  # pylint: disable=g-import-not-at-top
+    from tr.agent.policies import ModelPolicy  # pylint: disable=g-import-not-at-top
+    from tr.models.decoder import Decoder  # pylint: disable=g-import-not-at-top
+    from tr.sampling.sampler import JaxSampler  # pylint: disable=g-import-not-at-top
+    from tr.train.checkpoint import StageStore  # pylint: disable=g-import-not-at-top
+
+    model_config, tokenizer, system_prompt = stage_graph(run_dir, stage)
+    model = Decoder(model_config, rngs=nnx.Rngs(0))
+    state = nnx.state(model, nnx.Param)
+    target = nnx.to_pure_dict(state)
+    with StageStore(run_dir, stage, async_save=False) as store:
+        params = store.restore_item("actor_params", target, step=step)
+    nnx.replace_by_pure_dict(state, params)
+    nnx.update(model, state)
+    rc = report_config
+    sampler = JaxSampler(model, tokenizer, min_batch_bucket=int(rc.concurrency))
+    policy = ModelPolicy(sampler, tokenizer, temperature=float(rc.temperature),
+                         top_p=float(rc.top_p), seed=seed, name=stage)
+    budgets = policy.budgets(int(rc.max_output_tokens), max_turns=int(rc.max_turns),
+                             summarise_at_tokens=None)
+    t0 = time.monotonic()
+    summary = evaluation.evaluate({stage: policy}, tasks, k=int(rc.k), workdir=out_dir,
+                                  concurrency=int(rc.concurrency), budgets=budgets, seed=seed,
+                                  progress=False, system_prompt=system_prompt)[stage]
+    data = {"stage": stage, "retained_step": step, "eval_s": time.monotonic() - t0, **summary}
+    tmp = cached.with_name("eval.json.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str))
+    tmp.replace(cached)
+    return data
+
+
+def stage_row(row: str, data: dict, split: str) -> dict:
+    k = data["k"]
+
+    def mean(group):
+        value = group.get(f"mean@{k}")
+        return None if value is None else float(value)
+    return {"name": row, "stage": data["stage"], "retained_step": data["retained_step"],
+            "split": split, "k": k, "episodes": data["episodes"],
+            "mean_at_k": mean(data["overall"]) or 0.0,
+            "pass_at_1": float(data["overall"]["pass@1"] or 0.0),
+            "by_family": {f: mean(v) for f, v in data["by_family"].items()},
+            "by_tier": {t: mean(v) for t, v in data["by_tier"].items()},
+            "pass_at_1_by_family": {f: v["pass@1"] for f, v in data["by_family"].items()},
+            "infra_failures": data.get("infra_failures", 0), "eval_s": data.get("eval_s")}
+
+
+# ------------------------------------------------------------------------------------------------
+# Critic EV, rescoring
+
+
+def read_jsonl(path: pathlib.Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def ev_curve(run_dir: pathlib.Path, stages: dict) -> list[dict]:
+    """[{stage, update, ev, phase}] from the metrics of the warm-up and RPR stages; `ev` is None
+    where it is undefined (returns of zero variance: every reward equal, e.g. no success)."""
+    out = []
+    for row, stage in stages.items():
+        for line in read_jsonl(run_dir / stage / "metrics.jsonl"):
+            if "critic/explained_variance" not in line:
+                continue
+            ev = line["critic/explained_variance"]
+            ev = float(ev) if ev is not None and math.isfinite(ev) else None
+            out.append({"stage": row, "update": int(line["step"]), "ev": ev,
+                        "phase": line.get("phase")})
+    return out
+
+
+def training_curves(run_dir: pathlib.Path, stages: Sequence[str]) -> dict:
+    """Per stage: per-iteration rollout pass rate / reward, and the val evaluations."""
+    out = {}
+    for stage in stages:
+        lines = read_jsonl(run_dir / stage / "metrics.jsonl")
+        seen, its = set(), []
+        for line in lines:
+            if line["iteration"] in seen:
+                continue
+            seen.add(line["iteration"])
+            r = line.get("rollouts", {})
+            its.append({"iteration": line["iteration"], "phase": line.get("phase"),
+                        "pass_rate": r.get("pass_rate"), "reward_mean": r.get("reward_mean"),
+                        "actor_loss": line.get("actor/loss"),
+                        "critic_loss": line.get("critic/loss")})
+        val = read_jsonl(run_dir / stage / "eval-val.jsonl")
+        if its or val:
+            out[stage] = {"iterations": its, "val": val}
+    return out
+
+
+def rescore_run(run_dir: pathlib.Path, stages: Sequence[str], scales_stage: str):
+    """FDR and SPR of the run's own RPR trajectories (tr.rewards.rescore) under `scales_stage`'s
+    frozen table; returns (metrics, rewards, strict_pass, n) or None when there are none."""
+    from tr.rewards import profile, rescore  # pylint: disable=g-import-not-at-top
+
+    files = [str(p) for s in stages for p in sorted((run_dir / s / "rollouts").glob("*.jsonl"))
+             if p.stat().st_size]
+    if not files:
+        return None
+    trajectories, _ = profile.read_trajectories(files, skip_bad=True)
+    scales = run_dir / scales_stage / "scales.json"
+    table = profile.load_scale_table(scales) if scales.exists() else None
+    if table is None or set(trajectories.families) - set(table):
+        table = profile.build_scale_table(trajectories)
+    metrics, rewards = rescore.rescore(trajectories, table)
+    return metrics, rewards, trajectories.strict_pass, len(trajectories.families)
+
+
+# ------------------------------------------------------------------------------------------------
+# The job
+
+
+def run(config, workdir) -> dict:
+    t_start = time.monotonic()
+    run_dir = pathlib.Path(workdir)
+    info = validate(config)
+    if config.get("validate_only", False):
+        (run_dir / "validated.json").write_text(json.dumps(info, indent=1, sort_keys=True))
+        print(f"[terminal_rsi] {config.variant}: config valid: {json.dumps(info['stages'])}",
+              flush=True)
+        return info
+    entries, shared, report_stages, skipped = schedule(config)
+    _compilation_cache(run_dir / "jax-cache")
+    for gone in skipped:
+        print(f"[terminal_rsi] skipping stage {gone['name']}: {gone['why']}", flush=True)
+    summaries = run_stages(entries, shared, run_dir)
+    from tr.envs import gym  # pylint: disable=g-import-not-at-top
+
+    rc = config.report
+    tasks = gym.split_tasks(rc.split, int(rc.count) or None,
+                            seed=int(shared.get("tasks", {}).get("seed", 0)))
+    rows = []
+    for row in REPORT_ROWS:
+        stage = report_stages.get(row)
+        if stage is None:
+            continue
+        data = evaluate_stage(run_dir, stage, rc, tasks, seed=777 + 1000 * int(config.seed))
+        rows.append(stage_row(row, data, rc.split))
+        print(f"[terminal_rsi] test {row} ({stage}, step {data['retained_step']}): "
+              f"Mean@{rc.k} {rows[-1]['mean_at_k']:.3f}  Pass@1 {rows[-1]['pass_at_1']:.3f}",
+              flush=True)
+    eval_s = float(sum(row.get("eval_s") or 0.0 for row in rows))   # kept in eval.json across starts
+    ev_stages = {"warmup": "warmup"} if "warmup" in summaries else {}
+    ev_stages.update({r: report_stages[r] for r in ("rpr1", "rpr2") if r in report_stages})
+    times = json.loads((run_dir / "stage_times.json").read_text())
+    report = {
+        "experiment": "terminal_rsi", "variant": str(config.variant), "seed": int(config.seed),
+        "wall_s": time.monotonic() - t_start,
+        "stages": rows,
+        "critic": {"ev": ev_curve(run_dir, ev_stages),
+                   "summary": _ev_summary(ev_curve(run_dir, ev_stages))},
+        "ablation": _ablation_info(config),
+        "skipped": skipped, "stage_wall_s": times, "test_eval_s": eval_s,
+        "test_tasks": len(tasks), "schedule": info["stages"],
+    }
+    rpr_stages = [report_stages[r] for r in ("rpr1", "rpr2") if r in report_stages]
+    rescored = rescore_run(run_dir, rpr_stages, rpr_stages[0]) if rpr_stages else None
+    if rescored is not None:
+        report["rescore"] = {"stages": rpr_stages, "trajectories": rescored[3],
+                             "metrics": rescored[0]}
+    curves = training_curves(run_dir, [e["name"] for e in entries])
+    (run_dir / "curves.json").write_text(json.dumps(curves, indent=1, sort_keys=True))
+    if rc.plots:
+        report["plots"] = write_plots(run_dir, report, curves, rescored)
+    # wall_s: every completed start of this run directory (a resumed run adds its time)
+    starts_path = run_dir / "starts.json"
+    starts = json.loads(starts_path.read_text()) if starts_path.exists() else []
+    starts.append(round(time.monotonic() - t_start, 1))
+    _write(starts_path, json.dumps(starts))
+    report["wall_s"] = float(sum(starts))
+    report["starts_wall_s"] = starts
+    _write(run_dir / "report.json", json.dumps(report, indent=1, sort_keys=True, default=str))
+    _write(run_dir / "report.md", report_markdown(report))
+    print(stage_table(report), flush=True)
+    print(f"[terminal_rsi] wrote {run_dir / 'report.json'}, report.md, plots/ "
+          f"(wall {report['wall_s']:.0f}s)", flush=True)
+    return report
+
+
+def _compilation_cache(folder: pathlib.Path) -> None:
+    """JAX's persistent compilation cache in the run directory (unless one is set): the stages
+    rebuild the same update and sampler graphs, so RPR-2 and the test evaluations reuse RPR-1's
+    and Base's executables, and a resumed run compiles nothing again."""
+    import jax  # pylint: disable=g-import-not-at-top
+
+    if jax.config.jax_compilation_cache_dir:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+def _write(path: pathlib.Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _ablation_info(config) -> dict | None:
+    cell = str(config.get("ablation", {}).get("cell", "") or "")
+    if not cell:
+        return None
+    factors = dict(zip(FACTORS, cell.split("/"))) if "/" in cell else {}
+    return {"cell": cell, "factors": factors}
+
+
+def _ev_summary(curve: list[dict]) -> dict:
+    out = {}
+    for stage in EV_STAGES:
+        evs = [p["ev"] for p in curve if p["stage"] == stage and p["ev"] is not None]
+        undefined = sum(p["ev"] is None for p in curve if p["stage"] == stage)
+        if undefined and not evs:
+            out[stage] = {"updates": undefined, "undefined": undefined}
+        elif evs:
+            out[stage] = {"first": evs[0], "last": evs[-1], "max": max(evs), "min": min(evs),
+                          "updates": len(evs) + undefined, "undefined": undefined}
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Text
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:5.1f}"
+
+
+def stage_table(report: dict) -> str:
+    rows = report["stages"]
+    k = rows[0]["k"] if rows else 3
+    tiers = [t for t in ("easy", "medium", "hard", "extreme")
+             if any(t in r["by_tier"] for r in rows)]
+    head = f"{'stage':<6} {'step':>5} {'Mean@' + str(k):>7} {'Pass@1':>7} " + " ".join(
+        f"{t:>8}" for t in tiers)
+    lines = [f"Terminal-RSI {report['variant']} seed {report['seed']}: test ({rows[0]['episodes'] if rows else 0} "
+             f"episodes per stage), % success", head]
+    for r in rows:
+        lines.append(f"{r['name']:<6} {r['retained_step']:>5} {_pct(r['mean_at_k']):>7} "
+                     f"{_pct(r['pass_at_1']):>7} " +
+                     " ".join(f"{_pct(r['by_tier'].get(t)):>8}" for t in tiers))
+    base = next((r for r in rows if r["name"] == "base"), None)
+    last = next((r for r in rows if r["name"] == "rpr2"), None)
+    if base and last:
+        lines.append(f"RPR-2 - Base: {100 * (last['mean_at_k'] - base['mean_at_k']):+.1f} points "
+                     f"Mean@{k} (target +15)")
+    return "\n".join(lines)
+
+
+def report_markdown(report: dict) -> str:
+    rows = report["stages"]
+    k = rows[0]["k"] if rows else 3
+    families = sorted({f for r in rows for f in r["by_family"]})
+    out = [f"# Terminal-RSI report: `{report['variant']}`, seed {report['seed']}", "",
+           f"Wall time {report['wall_s']:.0f} s over {len(report.get('starts_wall_s', [1]))} "
+           f"start(s) (stages {json.dumps(report['stage_wall_s'])}, "
+           f"test evaluations {report['test_eval_s']:.0f} s); {report['test_tasks']} test tasks, "
+           f"k = {k}.", ""]
+    for gone in report.get("skipped", []):
+        out.append(f"* **{gone['name']} not run**: {gone['why']}.")
+    if report.get("skipped"):
+        out.append("")
+    if report.get("ablation"):
+        out += [f"Ablation arm `{report['ablation']['cell']}`.", ""]
+    out += ["## Success per stage (test)", "", "```", stage_table(report), "```", "",
+            "By family (Mean@k, %):", "",
+            "| stage | " + " | ".join(families) + " |",
+            "|---" * (len(families) + 1) + "|"]
+    for r in rows:
+        out.append(f"| {r['name']} | " + " | ".join(_pct(r["by_family"].get(f)).strip()
+                                                    for f in families) + " |")
+    out += ["", "## Critic explained variance", ""]
+    for stage, s in report["critic"]["summary"].items():
+        if "first" not in s:
+            out.append(f"* {stage}: {s['updates']} updates, EV undefined throughout (every return "
+                       "equal: no success in the batch)")
+            continue
+        out.append(f"* {stage}: {s['updates']} updates, EV first {s['first']:.3f} -> last "
+                   f"{s['last']:.3f} (min {s['min']:.3f}, max {s['max']:.3f}; undefined on "
+                   f"{s['undefined']})")
+    if "rescore" in report:
+        out += ["", f"## FDR vs SPR on the run's own trajectories ({report['rescore']['trajectories']} "
+                f"from {', '.join(report['rescore']['stages'])})", "", "```"]
+        from tr.rewards.rescore import format_metrics  # pylint: disable=g-import-not-at-top
+        out += [format_metrics(report["rescore"]["metrics"]), "```"]
+    if report.get("plots"):
+        out += ["", "## Plots", ""] + [f"![{name}]({path})" for name, path in report["plots"].items()]
+    return "\n".join(out) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------
+# Plots
+
+
+def write_plots(run_dir: pathlib.Path, report: dict, curves: dict, rescored) -> dict:
+    """plots/success.png, ev.png, tiers.png, rewards.png, curves.png (matplotlib, Agg)."""
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+    import numpy as np  # pylint: disable=g-import-not-at-top
+
+    folder = run_dir / "plots"
+    folder.mkdir(exist_ok=True)
+    rows = report["stages"]
+    out = {}
+    k = rows[0]["k"] if rows else 3
+
+    fig, ax = plt.subplots(figsize=(6, 3.6), constrained_layout=True)
+    x = np.arange(len(rows))
+    ax.bar(x - 0.2, [100 * r["mean_at_k"] for r in rows], 0.4, label=f"Mean@{k}")
+    ax.bar(x + 0.2, [100 * r["pass_at_1"] for r in rows], 0.4, label="Pass@1")
+    ax.set_xticks(x, [r["name"] for r in rows])
+    ax.set_ylabel("test success (%)")
+    ax.set_title("Success per stage (test)")
+    ax.legend()
+    fig.savefig(folder / "success.png", dpi=100)
+    plt.close(fig)
+    out["success per stage"] = "plots/success.png"
+
+    fig, ax = plt.subplots(figsize=(7, 3.6), constrained_layout=True)
+    offset = 0
+    for stage in EV_STAGES:
+        pts = [p for p in report["critic"]["ev"] if p["stage"] == stage]
+        if pts:
+            ax.plot([offset + i + 1 for i in range(len(pts))],
+                    [np.nan if p["ev"] is None else p["ev"] for p in pts], "o-", ms=3, label=stage)
+            offset += len(pts)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xlabel("critic update (warm-up, then RPR-1, RPR-2)")
+    ax.set_ylabel("explained variance")
+    ax.set_title("Critic EV per update")
+    ax.legend()
+    fig.savefig(folder / "ev.png", dpi=100)
+    plt.close(fig)
+    out["EV per update"] = "plots/ev.png"
+
+    tiers = [t for t in ("easy", "medium", "hard", "extreme") if any(t in r["by_tier"] for r in rows)]
+    fig, ax = plt.subplots(figsize=(7, 3.6), constrained_layout=True)
+    width = 0.8 / max(len(rows), 1)
+    for i, r in enumerate(rows):
+        ax.bar(np.arange(len(tiers)) + i * width, [100 * (r["by_tier"].get(t) or 0) for t in tiers],
+               width, label=r["name"])
+    ax.set_xticks(np.arange(len(tiers)) + 0.4 - width / 2, tiers)
+    ax.set_ylabel(f"test Mean@{k} (%)")
+    ax.set_title("Success by tier per stage")
+    ax.legend()
+    fig.savefig(folder / "tiers.png", dpi=100)
+    plt.close(fig)
+    out["success by tier"] = "plots/tiers.png"
+
+    if rescored is not None:
+        from tr.rewards.rescore import plot_rewards  # pylint: disable=g-import-not-at-top
+        metrics, rewards, strict, _ = rescored
+        plot_rewards(rewards, strict, metrics, str(folder / "rewards.png"))
+        out["FDR vs SPR rewards"] = "plots/rewards.png"
+
+    if curves:
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
+        for stage, c in curves.items():
+            its = c["iterations"]
+            if its:
+                axes[0].plot([i["iteration"] for i in its],
+                             [i["pass_rate"] if i["pass_rate"] is not None else np.nan for i in its],
+                             "o-", ms=3, label=stage)
+            if c["val"]:
+                axes[1].plot([v["step"] for v in c["val"]], [v["pass@1"] or 0 for v in c["val"]],
+                             "o-", ms=3, label=stage)
+        axes[0].set_title("training rollouts: pass rate per iteration")
+        axes[0].set_xlabel("iteration")
+        axes[1].set_title("val Pass@1 per evaluated step")
+        axes[1].set_xlabel("update")
+        for a in axes:
+            a.legend(fontsize=7)
+        fig.savefig(folder / "curves.png", dpi=100)
+        plt.close(fig)
+        out["training curves"] = "plots/curves.png"
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Merging ablation runs
+
+
+def merge_reports(reports: Sequence[dict]) -> dict:
+    """Per arm: the seeds and mean ± std (population over seeds) of each row's test Mean@k."""
+    arms: dict = {}
+    for rep in reports:
+        cell = (rep.get("ablation") or {}).get("cell") or rep.get("variant", "?")
+        arm = arms.setdefault(cell, {"seeds": [], "rows": {}})
+        if rep["seed"] in arm["seeds"]:
+            raise ValueError(f"arm {cell!r} has seed {rep['seed']} twice")
+        arm["seeds"].append(rep["seed"])
+        for row in rep["stages"]:
+            arm["rows"].setdefault(row["name"], []).append(row["mean_at_k"])
+    for arm in arms.values():
+        arm["stats"] = {name: {"mean": statistics.fmean(v),
+                               "std": statistics.pstdev(v) if len(v) > 1 else 0.0, "n": len(v)}
+                        for name, v in arm["rows"].items()}
+    return {"arms": dict(sorted(arms.items()))}
+
+
+def merge_markdown(merged: dict) -> str:
+    rows = [r for r in REPORT_ROWS if any(r in a["stats"] for a in merged["arms"].values())]
+    out = ["| arm | seeds | " + " | ".join(rows) + " |", "|---" * (len(rows) + 2) + "|"]
+    for cell, arm in merged["arms"].items():
+        cells = []
+        for r in rows:
+            s = arm["stats"].get(r)
+            cells.append("" if s is None else f"{100 * s['mean']:.1f} ± {100 * s['std']:.1f}")
+        out.append(f"| {cell} | {len(arm['seeds'])} | " + " | ".join(cells) + " |")
+    return "test Mean@k (%), mean ± std over seeds\n\n" + "\n".join(out) + "\n"
+
+
+def merge(paths: Sequence[str], out: str) -> dict:
+    reports = []
+    for p in paths:
+        path = pathlib.Path(p)
+        path = path / "report.json" if path.is_dir() else path
+        try:
+            reports.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as error:
+            raise ValueError(f"{path}: not a readable report.json ({error})") from None
+    merged = merge_reports(reports)
+    folder = pathlib.Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "ablation.json").write_text(json.dumps(merged, indent=1, sort_keys=True))
+    (folder / "ablation.md").write_text(merge_markdown(merged))
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+    arms = list(merged["arms"])
+    final = [merged["arms"][a]["stats"].get("rpr2") or merged["arms"][a]["stats"].get("rsr2")
+             or {"mean": 0.0, "std": 0.0} for a in arms]
+    fig, ax = plt.subplots(figsize=(max(6, len(arms) * 0.9), 4), constrained_layout=True)
+    ax.bar(range(len(arms)), [100 * s["mean"] for s in final],
+           yerr=[100 * s["std"] for s in final], capsize=3)
+    ax.set_xticks(range(len(arms)), arms, rotation=40, ha="right", fontsize=7)
+    ax.set_ylabel("final stage test Mean@k (%)")
+    ax.set_title("Ablation: mean ± std over seeds")
+    fig.savefig(folder / "ablation.png", dpi=100)
+    plt.close(fig)
+    return merged
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tr.stages.terminal_rsi")
+    sub = parser.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("merge", help="merge ablation runs' report.json")
+    m.add_argument("runs", nargs="+", help="run directories (or report.json files)")
+    m.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    try:
+        merged = merge(args.runs, args.out)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(merge_markdown(merged))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
