@@ -220,7 +220,11 @@ def table(summary: dict) -> str:
 # ------------------------------------------------------------------------------------------------
 # Config: one set of defaults for the `base` job (experiments/base_policy.py) and stage kind.
 
-VARIANTS = ("default", "quick", "smoke")
+VARIANTS = ("default", "fast", "quick", "smoke")
+# About half the default's cost (half the demos, 2/3 of the updates, 3 val evaluations, 32 test
+# tasks): a Base for pipelines whose whole budget is a few minutes (Terminal-RSI's main job).
+FAST = {"demos.tasks": 224, "sft.steps": 160, "sft.warmup": 16, "sft.eval_start": 80,
+        "sft.eval_every": 40, "eval.test_count": 32}
 QUICK = {"demos.tasks": 24, "sft.steps": 6, "sft.eval_start": 3, "sft.eval_every": 3, "sft.batch": 4,
          "eval.val_count": 8, "eval.test_count": 8, "eval.max_turns": 2,
          "eval.max_output_tokens": 32}
@@ -269,7 +273,7 @@ def defaults(variant: str = "default"):
     config.select = ml_collections.ConfigDict()
     config.select.target = 0.20
     config.select.band = (0.10, 0.35)
-    for key, value in {"quick": QUICK, "smoke": SMOKE}.get(variant, {}).items():
+    for key, value in {"fast": FAST, "quick": QUICK, "smoke": SMOKE}.get(variant, {}).items():
         section, field = key.split(".")
         config[section][field] = value
     return config
