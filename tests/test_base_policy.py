@@ -53,6 +53,13 @@ def test_shipped_tokenizer_is_rebuilt_identically_and_round_trips(tmp_path, monk
     monkeypatch.setenv("TR_GYM_DIR", str(tmp_path / "gym"))
     rebuilt = embedded.train_tokenizer(tmp_path / "tokenizer.json")
     assert rebuilt.read_text() == embedded.TOKENIZER_FILE.read_text()
+    words = embedded.train_tokenizer(tmp_path / "words.json", words=True)
+    assert words.read_text() == embedded.WORDS_TOKENIZER_FILE.read_text()
+    wtok = embedded.load_tokenizer(embedded.WORDS_TOKENIZER)
+    piece = lambda s: [wtok.decode([i]) for i in wtok.encode(s)]
+    # a name or number is the same tokens in an instruction, an observation and a command
+    assert piece("/app/cache/x")[3] == piece("mkdir cache")[2] == "cache"
+    assert piece("willow:9548")[2:] == piece("echo 9548")[2:] == ["9", "5", "4", "8"]
     tok = embedded.load_tokenizer()
     cfg = embedded.model_config()
     assert tok.vocab_size <= cfg.vocab_size
