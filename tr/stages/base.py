@@ -186,7 +186,7 @@ class Evaluator:
         return evaluation.evaluate({"base": policy}, tasks, k=1, workdir=workdir,
                                    concurrency=concurrency or self.config.concurrency,
                                    budgets=budgets, seed=self.config.seed, progress=False,
-                                   system_prompt=config.system_prompt)["base"]
+                                   system_prompt=self.config.system_prompt)["base"]
 
 
 def pass_rate(summary: dict) -> tuple[float, dict]:
