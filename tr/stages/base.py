@@ -13,9 +13,9 @@
 
 Sampling for evaluation is the papers' (temperature 0.6, top-p 0.95).  Seeded by `config.seed`:
 the demo mixture, the instances, initialisation and data order, so the demos and every update are
-reproducible.  Evaluation keys are seeded per sampler call; which episodes share a call depends on
-thread timing (the rollout engine batches whatever requests are waiting), so Pass@1 of a rerun can
-differ by a few episodes (`config.concurrency = 1` makes it exact, and slow).
+reproducible.  Evaluation is bit-reproducible too (`Evaluator`): each request's key depends only on
+(seed, episode id, turn) and the sampler's numerics not on which requests share a call, so the same
+parameters give the same episodes at any concurrency.
 """
 
 from __future__ import annotations
@@ -154,8 +154,9 @@ class Evaluator:
     """Pass@1 of the current parameters on a fixed task list, on an `EpisodeSampler` (compiled
     once).  Each request's key is `fold_in(key(seed), crc32(episode id, episode seed, turn))`
     (`ModelPolicy.submit`), and the sampler's shapes are fixed (`EVAL_SLOTS` rows, the full cache
-    length), so an evaluation is a function of (parameters, tasks, seed): the same episodes at any
-    concurrency and any timing of the sandboxes."""
+    length, batch-invariant prefill) and the episode's wall-clock cap is far above need
+    (`eval.wall_time_s`), so an evaluation is a function of (parameters, tasks, seed): the same
+    episodes at any concurrency and any timing of the sandboxes."""
 
     def __init__(self, config, model, tokenizer):
         from tr.agent.policies import ModelPolicy
@@ -182,7 +183,7 @@ class Evaluator:
         policy = self.policy_cls(self.sampler, self.tokenizer, temperature=ev.temperature,
                                  top_p=ev.top_p, seed=self.config.seed, name="base")
         budgets = policy.budgets(ev.max_output_tokens, max_turns=ev.max_turns,
-                                 summarise_at_tokens=None)
+                                 summarise_at_tokens=None, wall_time_s=ev.wall_time_s)
         return evaluation.evaluate({"base": policy}, tasks, k=1, workdir=workdir,
                                    concurrency=concurrency or self.config.concurrency,
                                    budgets=budgets, seed=self.config.seed, progress=False,
@@ -270,6 +271,9 @@ def defaults(variant: str = "default"):
     config.eval.max_turns = 5                             # reference <= 3 commands + DONE
     config.eval.max_output_tokens = 64
     config.eval.prompt_bucket = 256                       # the sampler's smallest prompt bucket
+    # An episode's wall-clock cap, far above what it needs: turns and tokens end the episodes, so
+    # a loaded machine (or the first call's compile) never changes an evaluation.
+    config.eval.wall_time_s = 1800.0
     config.select = ml_collections.ConfigDict()
     config.select.target = 0.20
     config.select.band = (0.10, 0.35)
