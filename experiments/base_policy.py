@@ -10,7 +10,7 @@ and wall_s; WORKDIR/base-test.txt the test table.  Model, tokenizer and system p
 embedded default (tr/stages/embedded.py), recorded in the stage manifest.  The settings are
 `tr.stages.base.defaults(variant)`, shared with the pipeline's stage kind `base`.
 
-Variants: `default`, `quick` (end to end in well under a minute: a smoke test, not a Base), `smoke`.
+Variants: `default`, `fast` (about half the cost), `quick` (end to end in well under a minute: a smoke test, not a Base), `smoke`.
 """
 
 from tr.stages import base

@@ -53,6 +53,13 @@ def test_shipped_tokenizer_is_rebuilt_identically_and_round_trips(tmp_path, monk
     monkeypatch.setenv("TR_GYM_DIR", str(tmp_path / "gym"))
     rebuilt = embedded.train_tokenizer(tmp_path / "tokenizer.json")
     assert rebuilt.read_text() == embedded.TOKENIZER_FILE.read_text()
+    words = embedded.train_tokenizer(tmp_path / "words.json", words=True)
+    assert words.read_text() == embedded.WORDS_TOKENIZER_FILE.read_text()
+    wtok = embedded.load_tokenizer(embedded.WORDS_TOKENIZER)
+    piece = lambda s: [wtok.decode([i]) for i in wtok.encode(s)]
+    # a name or number is the same tokens in an instruction, an observation and a command
+    assert piece("/app/cache/x")[3] == piece("mkdir cache")[2] == "cache"
+    assert piece("willow:9548")[2:] == piece("echo 9548")[2:] == ["9", "5", "4", "8"]
     tok = embedded.load_tokenizer()
     cfg = embedded.model_config()
     assert tok.vocab_size <= cfg.vocab_size
@@ -141,12 +148,53 @@ def test_base_stage_kind_in_a_pipeline_is_a_finished_actor_stage_run_once(tmp_pa
 
 def test_base_stage_config_takes_sections_and_names_bad_fields():
     config = base.stage_config({"name": "b", "kind": "base", "seed": 3, "variant": "quick",
+                                "model": {"name": "", "overrides": {}}, "tokenizer": "",
+                                "system_prompt": "",
                                 "sft": {"steps": 9, "learning_rate": 1e-3},
                                 "select": {"band": [0.05, 0.4]}, "tasks": {"source": "gym"}})
     assert (config.stage, config.seed, config.sft.steps, config.sft.batch) == ("b", 3, 9, 4)
     assert config.select.band == (0.05, 0.4) and config.model == embedded.MODEL
+    assert (config.tokenizer, config.system_prompt) == (embedded.TOKENIZER, embedded.SYSTEM_PROMPT)
     for entry, words in [({"sft": {"stepz": 3}}, "sft.stepz"), ({"lr": 1}, "'lr'"),
                          ({"actor_from": "sft0"}, "actor_from"), ({"variant": "big"}, "big"),
                          ({"model": {"name": "gym", "overrides": {"d_model": 64}}}, "overrides")]:
         with pytest.raises(base.ConfigError, match=words):
             base.stage_config({"name": "b", "kind": "base", **entry})
+
+
+def test_evaluation_is_the_same_at_any_concurrency(tmp_path, monkeypatch):
+    """Every request's key is (seed, episode, turn), the sampler's shapes are fixed: evaluating the
+    same tasks with 1 or 4 sandboxes at once gives the same episodes, token for token."""
+    from flax import nnx
+
+    from tr.agent.records import read_shard
+    from tr.models.decoder import Decoder
+
+    monkeypatch.setenv("TR_GYM_DIR", str(tmp_path / "gym"))
+    config = base.defaults("smoke")
+    config.eval.max_turns, config.eval.max_output_tokens, config.seed = 2, 16, 5
+    tok = embedded.load_tokenizer()
+    model = Decoder(embedded.model_config(), rngs=nnx.Rngs(1))
+    tasks = gym.split_tasks("val", 4)
+    evaluator = base.Evaluator(config, model, tok)
+    try:
+        runs = []
+        for concurrency in (1, 4):
+            work = tmp_path / f"c{concurrency}-{len(runs)}"
+            evaluator(tasks, work, concurrency=concurrency)
+            records = sorted(read_shard(work / "episodes-base.jsonl"), key=lambda r: r.episode_id)
+            runs.append([(r.episode_id, r.passed, [t.text for t in r.turns],
+                          [(s.kind, s.tokens, s.logprobs) for s in r.segments]) for r in records])
+    finally:
+        evaluator.close()
+    assert len(runs[0]) == len(tasks) and all(len(r[2]) >= 1 for r in runs[0])
+    assert runs[0] == runs[1]
+    # a different seed samples differently (the key is not constant)
+    config.seed = 6
+    other = base.Evaluator(config, model, tok)
+    try:
+        other(tasks, tmp_path / "s6", concurrency=4)
+    finally:
+        other.close()
+    records = sorted(read_shard(tmp_path / "s6" / "episodes-base.jsonl"), key=lambda r: r.episode_id)
+    assert [[t.text for t in r.turns] for r in records] != [x[2] for x in runs[0]]

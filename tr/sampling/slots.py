@@ -28,7 +28,9 @@ argument, so `update_weights` never recompiles (it drops every cached episode).
 
 **Sampling** (`tr.sampling.sampler.sample_token`): each request has its own key `fold_in(key(seed),
 salt)` and token `t` uses `fold_in(that, t)`, so samples do not depend on which rows share a call.
-`Completion.logprobs` are under the distribution sampled from, `raw_logprobs` the model's.
+`Completion.logprobs` are under the distribution sampled from, `raw_logprobs` the model's.  With
+`batch_invariant=True` prefill takes one row per call, so a request's tokens and log-probs are
+bit-identical whatever else is in flight (decode always runs every row: its shapes are fixed).
 """
 
 from __future__ import annotations
@@ -125,7 +127,8 @@ class EpisodeSampler:
     def __init__(self, model: Decoder, tokenizer: Tokenizer | None = None, *, slots: int = 32,
                  cache_len: int | None = None, max_new_tokens: int = 256, prefill_chunk: int = 128,
                  min_capacity: int = 512, decode_steps: int = 8,
-                 reuse_cache: bool = True, mesh: jax.sharding.Mesh | None = None):
+                 reuse_cache: bool = True, mesh: jax.sharding.Mesh | None = None,
+                 batch_invariant: bool = False):
         if slots < 1:
             raise ValueError(f"EpisodeSampler: slots={slots} must be >= 1")
         self.config = model.config
@@ -141,6 +144,9 @@ class EpisodeSampler:
         self.prefill_chunk = _bucket(prefill_chunk, 1)
         self.decode_steps = decode_steps
         self.reuse_cache = reuse_cache
+        # Prefill one row per call: a row's logits never depend on which rows share a call (a
+        # batched prefill's shape, hence its float rounding, follows the admission timing).
+        self.batch_invariant = batch_invariant
         self.capacity = min(_bucket(min_capacity, 1), _bucket(self.cache_len, 1))
         self.compile_counts: Counter[str] = Counter()
         self.stats = EngineStats()
@@ -462,7 +468,7 @@ class EpisodeSampler:
         self.stats.reused_tokens += sum(q.start for q in admitted)
         while pending:
             t = self.prefill_chunk  # one chunk shape: compiles vary only with rows-in-call and capacity
-            rows = sorted(pending)
+            rows = sorted(pending)[:1] if self.batch_invariant else sorted(pending)
             bj = min(_bucket(len(rows), 1), _bucket(self.slots, 1))
             tokens = np.zeros((bj, t), np.int32)
             n_real = np.zeros(bj, np.int32)

@@ -13,9 +13,9 @@
 
 Sampling for evaluation is the papers' (temperature 0.6, top-p 0.95).  Seeded by `config.seed`:
 the demo mixture, the instances, initialisation and data order, so the demos and every update are
-reproducible.  Evaluation keys are seeded per sampler call; which episodes share a call depends on
-thread timing (the rollout engine batches whatever requests are waiting), so Pass@1 of a rerun can
-differ by a few episodes (`config.concurrency = 1` makes it exact, and slow).
+reproducible.  Evaluation is bit-reproducible too (`Evaluator`): each request's key depends only on
+(seed, episode id, turn) and the sampler's numerics not on which requests share a call, so the same
+parameters give the same episodes at any concurrency.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def make_demos(config, tokenizer, layout):
              for t, eid in zip(tasks, plans)]
     rc = RolloutConfig(concurrency=config.concurrency, progress=False, batch_window_s=0.0,
                        budgets=Budgets(max_turns=gym.MAX_TURNS),
-                       system_prompt=embedded.SYSTEM_PROMPT)
+                       system_prompt=config.get("system_prompt", embedded.SYSTEM_PROMPT))
     t0 = time.monotonic()
     out = run_rollouts(specs, PlanPolicy({k: v[1] for k, v in plans.items()}), layout, rc)
     wall = time.monotonic() - t0
@@ -147,41 +147,47 @@ def batches(seqs, *, batch: int, length: int, pad_id: int, seed: int):
             yield out
 
 
+EVAL_SLOTS = 16      # the sampler's decode rows: fixed, so its shapes do not follow concurrency
+
+
 class Evaluator:
-    """Pass@1 of the current parameters on a fixed task list (one sampler, compiled once)."""
+    """Pass@1 of the current parameters on a fixed task list, on an `EpisodeSampler` (compiled
+    once).  Each request's key is `fold_in(key(seed), crc32(episode id, episode seed, turn))`
+    (`ModelPolicy.submit`), and the sampler's shapes are fixed (`EVAL_SLOTS` rows, the full cache
+    length, batch-invariant prefill) and the episode's wall-clock cap is far above need
+    (`eval.wall_time_s`), so an evaluation is a function of (parameters, tasks, seed): the same
+    episodes at any concurrency and any timing of the sandboxes."""
 
     def __init__(self, config, model, tokenizer):
         from tr.agent.policies import ModelPolicy
-        from tr.sampling.sampler import JaxSampler
+        from tr.sampling.slots import EpisodeSampler
 
         self.config, self.model, self.tokenizer = config, model, tokenizer
-        self.sampler = JaxSampler(model, tokenizer, min_prompt_bucket=config.eval.prompt_bucket,
-                                  min_batch_bucket=config.concurrency)
-        self.calls = 0
+        cache_len = model.config.max_seq_len
+        self.sampler = EpisodeSampler(model, tokenizer, slots=max(EVAL_SLOTS, config.concurrency),
+                                      cache_len=cache_len, min_capacity=cache_len,
+                                      max_new_tokens=config.eval.max_output_tokens,
+                                      batch_invariant=True)
         self.policy_cls = ModelPolicy
 
     def set_params(self, params) -> None:
-        from flax import nnx
+        self.sampler.update_weights(params)
 
-        state = nnx.state(self.model, nnx.Param)
-        nnx.replace_by_pure_dict(state, params)
-        nnx.update(self.model, state)
-        self.sampler.update_weights(self.model)
+    def close(self) -> None:
+        self.sampler.close()
 
-    def __call__(self, tasks, workdir: pathlib.Path) -> dict:
+    def __call__(self, tasks, workdir: pathlib.Path, *, concurrency: int | None = None) -> dict:
         from tr.agent import evaluation
 
         ev = self.config.eval
-        self.calls += 1
         policy = self.policy_cls(self.sampler, self.tokenizer, temperature=ev.temperature,
-                                 top_p=ev.top_p, seed=self.config.seed * 1000 + self.calls,
-                                 name="base")
+                                 top_p=ev.top_p, seed=self.config.seed, name="base")
         budgets = policy.budgets(ev.max_output_tokens, max_turns=ev.max_turns,
-                                 summarise_at_tokens=None)
+                                 summarise_at_tokens=None, wall_time_s=ev.wall_time_s)
         return evaluation.evaluate({"base": policy}, tasks, k=1, workdir=workdir,
-                                   concurrency=self.config.concurrency, budgets=budgets,
-                                   seed=self.config.seed, progress=False,
-                                   system_prompt=embedded.SYSTEM_PROMPT)["base"]
+                                   concurrency=concurrency or self.config.concurrency,
+                                   budgets=budgets, seed=self.config.seed, progress=False,
+                                   system_prompt=self.config.system_prompt)["base"]
 
 
 def pass_rate(summary: dict) -> tuple[float, dict]:
@@ -215,7 +221,11 @@ def table(summary: dict) -> str:
 # ------------------------------------------------------------------------------------------------
 # Config: one set of defaults for the `base` job (experiments/base_policy.py) and stage kind.
 
-VARIANTS = ("default", "quick", "smoke")
+VARIANTS = ("default", "fast", "quick", "smoke")
+# About half the default's cost (half the demos, 2/3 of the updates, 3 val evaluations, 32 test
+# tasks): a Base for pipelines whose whole budget is a few minutes (Terminal-RSI's main job).
+FAST = {"demos.tasks": 224, "sft.steps": 160, "sft.warmup": 16, "sft.eval_start": 80,
+        "sft.eval_every": 40, "eval.test_count": 32}
 QUICK = {"demos.tasks": 24, "sft.steps": 6, "sft.eval_start": 3, "sft.eval_every": 3, "sft.batch": 4,
          "eval.val_count": 8, "eval.test_count": 8, "eval.max_turns": 2,
          "eval.max_output_tokens": 32}
@@ -239,6 +249,7 @@ def defaults(variant: str = "default"):
     config.stage = "base"
     config.model = embedded.MODEL                         # tr/stages/embedded.py
     config.tokenizer = embedded.TOKENIZER                 # or "byte"
+    config.system_prompt = embedded.SYSTEM_PROMPT         # demos, evaluation, the manifest
     config.concurrency = 16                               # sandboxes at once = sampler batch
     config.demos = ml_collections.ConfigDict()
     config.demos.tasks = 448                              # train instances, one demo each
@@ -260,10 +271,13 @@ def defaults(variant: str = "default"):
     config.eval.max_turns = 5                             # reference <= 3 commands + DONE
     config.eval.max_output_tokens = 64
     config.eval.prompt_bucket = 256                       # the sampler's smallest prompt bucket
+    # An episode's wall-clock cap, far above what it needs: turns and tokens end the episodes, so
+    # a loaded machine (or the first call's compile) never changes an evaluation.
+    config.eval.wall_time_s = 1800.0
     config.select = ml_collections.ConfigDict()
     config.select.target = 0.20
     config.select.band = (0.10, 0.35)
-    for key, value in {"quick": QUICK, "smoke": SMOKE}.get(variant, {}).items():
+    for key, value in {"fast": FAST, "quick": QUICK, "smoke": SMOKE}.get(variant, {}).items():
         section, field = key.split(".")
         config[section][field] = value
     return config
@@ -372,9 +386,11 @@ def train(config, run_dir: pathlib.Path, out_dir: pathlib.Path) -> dict:
     evaluator.set_params(state.actor_params)
     t0 = time.monotonic()
     test = evaluator(test_tasks, out_dir / "base-evals" / "test")
+    evaluator.close()
     t_eval += time.monotonic() - t0
     stage_config = {**embedded.manifest_config(), "model": config.model,
-                    "tokenizer": config.tokenizer, "seed": config.seed,
+                    "tokenizer": config.tokenizer, "system_prompt": config.system_prompt,
+                    "seed": config.seed,
                     "selected_step": chosen["step"], "steps": config.sft.steps}
     wall = time.monotonic() - t_start
     result = {
@@ -455,6 +471,9 @@ def stage_config(entry) -> "ml_collections.ConfigDict":
         if entry.get(parent) not in (None, "", "fresh"):
             raise ConfigError(f"stage {name!r} (kind base) trains an actor from scratch: "
                               f"{parent}={entry[parent]!r} must be '' or 'fresh'")
+    for field in ("model", "tokenizer", "system_prompt"):   # "": the hand-off's 'from a parent'
+        if entry.get(field) == "":
+            entry.pop(field)
     model = entry.get("model")
     if isinstance(model, dict):
         if model.get("overrides"):
@@ -475,11 +494,11 @@ def stage_config(entry) -> "ml_collections.ConfigDict":
                     raise ConfigError(f"stage {name!r} (kind base): unknown config field "
                                       f"{key}.{field}; known: {sorted(config[key])}")
                 config[key][field] = tuple(v) if isinstance(v, list) else v
-        elif key in ("seed", "model", "tokenizer", "concurrency"):
+        elif key in ("seed", "model", "tokenizer", "system_prompt", "concurrency"):
             config[key] = value
         else:
             raise ConfigError(f"stage {name!r} (kind base): unknown config field {key!r}; known: "
-                              f"{sorted(['seed', 'model', 'tokenizer', 'concurrency', 'variant', *SECTIONS])}")
+                              f"{sorted(['seed', 'model', 'tokenizer', 'system_prompt', 'concurrency', 'variant', *SECTIONS])}")
     return config
 
 

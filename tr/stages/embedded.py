@@ -26,6 +26,13 @@ MODEL = "gym"
 TOKENIZER_FILE = Path(__file__).resolve().parent / "gym_tokenizer.json"
 TOKENIZER = "tr/stages/gym_tokenizer.json"          # as recorded in manifests (repo-relative)
 TOKENIZER_VOCAB = 1024
+# A second BPE over the same text whose pre-tokenizer splits words, single digits, single
+# whitespace characters and punctuation runs apart: a name or number is the same tokens wherever it
+# stands ("/app/cache/x" and "mkdir cache"; "uid 9548" and "echo 9548"), so copying it from the
+# instruction or an observation into a command is a token-for-token copy.
+WORDS_TOKENIZER_FILE = TOKENIZER_FILE.with_name("gym_tokenizer_words.json")
+WORDS_TOKENIZER = "tr/stages/gym_tokenizer_words.json"
+_WORDS_PATTERN = r"[A-Za-z]+|[0-9]|\s|[^\sA-Za-z0-9]+"
 SYSTEM_PROMPT = ("Shell agent in /app. Reply THOUGHT: <short> then COMMAND: and one ```bash "
                  "block, or THOUGHT: <short> then DONE when finished.")
 ACT_THOUGHT = "Next step."
@@ -89,14 +96,22 @@ def gym_corpus(n_per_family: int = 200) -> list[str]:
     return texts
 
 
-def train_tokenizer(path: Path = TOKENIZER_FILE, vocab_size: int = TOKENIZER_VOCAB) -> Path:
-    """Byte-level BPE on `gym_corpus()` with the chat specials; written to `path`."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def train_tokenizer(path: Path = TOKENIZER_FILE, vocab_size: int = TOKENIZER_VOCAB, *,
+                    words: bool = False) -> Path:
+    """Byte-level BPE on `gym_corpus()` with the chat specials; written to `path`.  `words`: the
+    pre-tokenizer first isolates words, single digits, single whitespace and punctuation runs
+    (`WORDS_TOKENIZER_FILE`)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from tr.models.tokenizer import ENDOFTEXT, IM_END, IM_START, PAD
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if words:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(_WORDS_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
                                   special_tokens=[PAD, ENDOFTEXT, IM_START, IM_END],
