@@ -30,7 +30,8 @@ def model():
 @pytest.fixture(scope="module")
 def sampler(model):
     """One sampler for the module (3 rows), so its functions compile once; each test frees its rows."""
-    s = EpisodeSampler(model, slots=3, max_new_tokens=32, min_capacity=128, prefill_chunk=64, decode_steps=4)
+    s = EpisodeSampler(model, slots=3, max_new_tokens=32, min_capacity=128, prefill_chunk=64, decode_steps=4,
+                       attention_block=32)  # the cache is read in blocks (online softmax)
     yield s
     s.close()
 
