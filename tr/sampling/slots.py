@@ -14,16 +14,19 @@ calls, retires the rows that reached a stop token or their cap (their futures re
 admits queued requests into free rows (prefill), so short requests never wait for long ones; while
 a request is queued, a decode call returns as soon as any row finishes, so a freed row never idles.
 
-**Cache layout.** Row-major: `keys, values [slots, n_layers, 1, S, K, head_dim]`, i.e. one
-batch-1 `KVCache` of the decoder per row, and `end [slots]` (rows are at different lengths); row `b`
-holds its tokens in slots `0 .. end[b]-1` (no padding holes: a token's rotary position is its slot),
-`valid = slot < end`. The decoder runs on every row at once under `jax.vmap` over the leading axis
-(batch 1, scalar `end` each), so the decoder itself is unchanged and no step moves the cache (a
-`[n_layers, B, ...]` layout vmapped over `B` would transpose the whole cache every step). `capacity` (slots per row) grows by doubling up to `cache_len` when a request needs more.
+**Cache layout.** Head-major: `keys, values [n_layers, slots, n_kv_heads, S, head_dim]` and
+`end [slots]` (rows are at different lengths); row `b` holds its tokens in slots `0 .. end[b]-1` (no
+padding holes: a token's rotary position is its slot), `valid = slot < end`. Every call runs the
+decoder on its rows as one batch through `Decoder.extend`, which only READS the cache (each row's
+head a contiguous `[S, head_dim]` matrix; slots `< span`, the longest participating row, in
+`attention_block`-slot blocks with an online softmax, so a step costs what the rows' lengths need,
+not `S`) and returns the new tokens' K/V, which are then scattered at each row's `end` (the only
+cache write: nothing is copied or carried through the layers, no `vmap`). `capacity` (slots per
+row) grows by doubling up to `cache_len` when a request needs more.
 
 **Compiles.** Prefill runs in chunks of `prefill_chunk` tokens (right-padded) and is compiled per
 (rows-in-call bucket, capacity), decode per capacity: all powers of two, so the count is bounded
-(`compile_counts`); the weights are an
+(`compile_counts`); `span` is traced, so row lengths never recompile; the weights are an
 argument, so `update_weights` never recompiles (it drops every cached episode).
 
 **Sampling** (`tr.sampling.sampler.sample_token`): each request has its own key `fold_in(key(seed),
