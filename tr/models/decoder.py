@@ -295,7 +295,7 @@ class Attention(nnx.Module):
         return y, new_kv
 
     def extend(self, x: jax.Array, cos: jax.Array, sin: jax.Array, cache_k: jax.Array, cache_v: jax.Array,
-               valid: jax.Array, new_mask: jax.Array, span: jax.Array, block: int
+               valid: jax.Array, new_mask: jax.Array, span: jax.Array, block: int, rows: jax.Array | None = None
                ) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Attention of new tokens after a READ-ONLY head-major cache `[B, K, S, head_dim]`
         (`Decoder.extend`): query t sees the valid cached slots `< span` and the new tokens
@@ -311,23 +311,28 @@ class Attention(nnx.Module):
         b, t, h, d = q.shape
         n_kv = k.shape[2]
         qg = q.reshape(b, t, n_kv, h // n_kv, d).transpose(0, 2, 3, 1, 4) * (d ** -0.5)   # [b, k, g, t, d]
-        out = _attend_online(qg, cache_k, cache_v, valid, span, block,
+        out = _attend_online(qg, cache_k, cache_v, valid, span, block, rows,
                              k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), new_mask)
         out = out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
         y = jnp.einsum("bthk,hkd->btd", out, self.o_proj.get_value().astype(dt))
         return y, k, v
 
 
-def _attend_online(qg, cache_k, cache_v, valid, span, block, new_k, new_v, new_mask):
+def _attend_online(qg, cache_k, cache_v, valid, span, block, rows, new_k, new_v, new_mask):
     """`softmax(q [k_cache; k_new]^T) [v_cache; v_new]` over the cached slots `< span` (in blocks of
     `block` slots, online softmax: running max `m`, normaliser `l`, accumulator) and the new tokens.
 
-    qg `[b, K, g, t, d]` (pre-scaled), cache_k/v `[b, K, S, d]`, valid `[b, S]`, new_k/v `[b, K, t, d]`,
-    new_mask `[b, t, t]`. Exact up to rounding; reads `ceil(span / block)` blocks, not all `S` slots.
+    qg `[b, K, g, t, d]` (pre-scaled), cache_k/v `[B, K, S, d]` (query row i reads cache row
+    `rows[i]`, clipped; all B in order when None), valid `[b, S]`, new_k/v `[b, K, t, d]`, new_mask
+    `[b, t, t]`. Exact up to rounding; reads `ceil(span / block)` blocks, not all `S` slots.
     """
     b, n_kv, g, t, d = qg.shape
     s = cache_k.shape[2]
     f32 = jnp.float32
+
+    def take(x, start, size):                      # [B, K, S, d] -> the query rows' [b, K, size, d]
+        x = x if size == s else jax.lax.dynamic_slice_in_dim(x, start, size, axis=2)
+        return x if rows is None else jnp.take(x, rows, axis=0, mode="clip")
 
     def update(carry, keys, vals, mask):          # mask [b, t, n]
         m, l, acc = carry
@@ -345,12 +350,11 @@ def _attend_online(qg, cache_k, cache_v, valid, span, block, new_k, new_v, new_m
     init = (jnp.full((b, n_kv, g, t), low, f32), jnp.zeros((b, n_kv, g, t), f32),
             jnp.zeros((b, n_kv, g, t, d), f32))
     if block <= 0 or s <= block or s % block:
-        carry = update(init, cache_k, cache_v, jnp.broadcast_to(valid[:, None, :], (b, t, s)))
+        carry = update(init, take(cache_k, 0, s), take(cache_v, 0, s), jnp.broadcast_to(valid[:, None, :], (b, t, s)))
     else:
         def body(i, carry):
             start = i * block
-            keys = jax.lax.dynamic_slice_in_dim(cache_k, start, block, axis=2)
-            vals = jax.lax.dynamic_slice_in_dim(cache_v, start, block, axis=2)
+            keys, vals = take(cache_k, start, block), take(cache_v, start, block)
             mask = jax.lax.dynamic_slice_in_dim(valid, start, block, axis=1)
             return update(carry, keys, vals, jnp.broadcast_to(mask[:, None, :], (b, t, block)))
 
@@ -393,9 +397,9 @@ class Block(nnx.Module):
         x = constrain(x, ("activation_batch", "activation_length", "activation_embed"))
         return x, new_kv
 
-    def extend(self, x, cos, sin, cache_k, cache_v, valid, new_mask, span, block):
+    def extend(self, x, cos, sin, cache_k, cache_v, valid, new_mask, span, block, rows):
         attn_out, k, v = self.self_attn.extend(self.input_layernorm(x), cos, sin, cache_k, cache_v, valid,
-                                               new_mask, span, block)
+                                               new_mask, span, block, rows)
         x = x + attn_out
         x = x + self.mlp(self.post_attention_layernorm(x))
         x = constrain(x, ("activation_batch", "activation_length", "activation_embed"))
@@ -509,11 +513,14 @@ class Decoder(nnx.Module):
 
     def extend(self, tokens: Int[Array, "b t"], positions: Int[Array, "b t"], token_mask: Bool[Array, "b t"],
                keys: jax.Array, values: jax.Array, valid: Bool[Array, "b s"], *, span: jax.Array | None = None,
-               block: int = 256) -> tuple[Float[Array, "b t d"], jax.Array, jax.Array]:
+               block: int = 256, rows: Int[Array, "b"] | None = None
+               ) -> tuple[Float[Array, "b t d"], jax.Array, jax.Array]:
         """Final-norm hidden states of `tokens` read after a cache that is only READ (rows at any lengths).
 
         `keys/values [n_layers, B, K, S, head_dim]` (head-major: each row's head is one contiguous
-        `[S, head_dim]` matrix), `valid [B, S]` the cached slots each row may see; new token t of
+        `[S, head_dim]` matrix; token row i reads cache row `rows[i]`, clipped, or row i when `rows`
+        is None, so a few rows of a large cache are read without copying it), `valid [b, S]` the
+        cached slots each token row may see; new token t of
         row b attends to them and to new tokens `j <= t` with `token_mask[b, j]` (one softmax over
         both). Only slots `< span` (a traced bound on every row's valid slots; default all) are read,
         `block` slots at a time with an online softmax, so the cost follows the rows' lengths, not S.
@@ -533,7 +540,7 @@ class Decoder(nnx.Module):
         graphdef, stacked = nnx.split(self.layers)
 
         def layer_fn(x, params, k, v):
-            return nnx.merge(graphdef, params).extend(x, cos, sin, k, v, valid, new_mask, span, block)
+            return nnx.merge(graphdef, params).extend(x, cos, sin, k, v, valid, new_mask, span, block, rows)
 
         if not c.scan_layers:
             new = []

@@ -202,13 +202,11 @@ class EpisodeSampler:
         self.compile_counts["prefill"] += 1  # runs only while tracing
         model = nnx.merge(self.graphdef, state)
         t = tokens.shape[1]
-        sub_k = jnp.take(keys, rows, axis=1, mode="clip")
-        sub_v = jnp.take(values, rows, axis=1, mode="clip")
         positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
         mask = jnp.arange(t)[None] < n_real[:, None]
         valid = jnp.arange(keys.shape[3])[None] < start[:, None]
-        hidden, new_k, new_v = model.extend(tokens, positions, mask, sub_k, sub_v, valid, span=jnp.max(start),
-                                            block=self.attention_block)
+        hidden, new_k, new_v = model.extend(tokens, positions, mask, keys, values, valid, span=jnp.max(start),
+                                            block=self.attention_block, rows=rows)   # reads only `rows`
         slot = jnp.where(mask, positions, keys.shape[3])                  # padding tokens: dropped
         at = (slice(None), rows[:, None, None], jnp.arange(keys.shape[2])[None, :, None], slot[:, None, :])
         keys = keys.at[at].set(new_k.transpose(0, 1, 3, 2, 4), mode="drop")
