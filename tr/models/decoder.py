@@ -295,10 +295,10 @@ class Attention(nnx.Module):
         return y, new_kv
 
     def extend(self, x: jax.Array, cos: jax.Array, sin: jax.Array, cache_k: jax.Array, cache_v: jax.Array,
-               valid: jax.Array, new_mask: jax.Array, span: jax.Array, block: int, rows: jax.Array | None = None
-               ) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Attention of new tokens after a READ-ONLY head-major cache `[B, K, S, head_dim]`
-        (`Decoder.extend`): query t sees the valid cached slots `< span` and the new tokens
+               valid: jax.Array, new_mask: jax.Array, span: jax.Array, block: int, rows: jax.Array | None,
+               layer: jax.Array | int) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Attention of new tokens after a READ-ONLY head-major cache, layer `layer` of the stacked
+        `[n_layers, B, K, S, head_dim]` (`Decoder.extend`): query t sees the valid cached slots `< span` and the new tokens
         `new_mask[b, t]` allows; returns (y, k_new, v_new `[B, T, K, head_dim]`)."""
         dt = self.config.compute_dtype
         q = jnp.einsum("btd,dhk->bthk", x, self.q_proj.get_value().astype(dt))
@@ -311,27 +311,30 @@ class Attention(nnx.Module):
         b, t, h, d = q.shape
         n_kv = k.shape[2]
         qg = q.reshape(b, t, n_kv, h // n_kv, d).transpose(0, 2, 3, 1, 4) * (d ** -0.5)   # [b, k, g, t, d]
-        out = _attend_online(qg, cache_k, cache_v, valid, span, block, rows,
+        out = _attend_online(qg, cache_k, cache_v, layer, valid, span, block, rows,
                              k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), new_mask)
         out = out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
         y = jnp.einsum("bthk,hkd->btd", out, self.o_proj.get_value().astype(dt))
         return y, k, v
 
 
-def _attend_online(qg, cache_k, cache_v, valid, span, block, rows, new_k, new_v, new_mask):
+def _attend_online(qg, cache_k, cache_v, layer, valid, span, block, rows, new_k, new_v, new_mask):
     """`softmax(q [k_cache; k_new]^T) [v_cache; v_new]` over the cached slots `< span` (in blocks of
     `block` slots, online softmax: running max `m`, normaliser `l`, accumulator) and the new tokens.
 
-    qg `[b, K, g, t, d]` (pre-scaled), cache_k/v `[B, K, S, d]` (query row i reads cache row
+    qg `[b, K, g, t, d]` (pre-scaled), cache_k/v `[n_layers, B, K, S, d]`, of which layer `layer`
+    is read one block at a time (never sliced whole: no copy of the layer) (query row i reads cache row
     `rows[i]`, clipped; all B in order when None), valid `[b, S]`, new_k/v `[b, K, t, d]`, new_mask
     `[b, t, t]`. Exact up to rounding; reads `ceil(span / block)` blocks, not all `S` slots.
     """
     b, n_kv, g, t, d = qg.shape
-    s = cache_k.shape[2]
+    _, n_rows, _, s, _ = cache_k.shape
     f32 = jnp.float32
+    zero = jnp.zeros((), jnp.int32)
 
-    def take(x, start, size):                      # [B, K, S, d] -> the query rows' [b, K, size, d]
-        x = x if size == s else jax.lax.dynamic_slice_in_dim(x, start, size, axis=2)
+    def take(x, start, size):                      # -> the query rows' [b, K, size, d] of layer `layer`
+        at = (jnp.asarray(layer, jnp.int32), zero, zero, jnp.asarray(start, jnp.int32), zero)
+        x = jax.lax.dynamic_slice(x, at, (1, n_rows, n_kv, size, d))[0]
         return x if rows is None else jnp.take(x, rows, axis=0, mode="clip")
 
     def update(carry, keys, vals, mask):          # mask [b, t, n]
@@ -397,9 +400,9 @@ class Block(nnx.Module):
         x = constrain(x, ("activation_batch", "activation_length", "activation_embed"))
         return x, new_kv
 
-    def extend(self, x, cos, sin, cache_k, cache_v, valid, new_mask, span, block, rows):
+    def extend(self, x, cos, sin, cache_k, cache_v, valid, new_mask, span, block, rows, layer):
         attn_out, k, v = self.self_attn.extend(self.input_layernorm(x), cos, sin, cache_k, cache_v, valid,
-                                               new_mask, span, block, rows)
+                                               new_mask, span, block, rows, layer)
         x = x + attn_out
         x = x + self.mlp(self.post_attention_layernorm(x))
         x = constrain(x, ("activation_batch", "activation_length", "activation_embed"))
@@ -539,23 +542,24 @@ class Decoder(nnx.Module):
         new_mask = causal[None] & token_mask[:, None, :]                       # [B, T(query), T(key)]
         graphdef, stacked = nnx.split(self.layers)
 
-        def layer_fn(x, params, k, v):
-            return nnx.merge(graphdef, params).extend(x, cos, sin, k, v, valid, new_mask, span, block, rows)
+        def layer_fn(x, params, layer):  # the whole cache goes in: only blocks of it are read
+            return nnx.merge(graphdef, params).extend(x, cos, sin, keys, values, valid, new_mask, span, block,
+                                                      rows, layer)
 
         if not c.scan_layers:
             new = []
             for layer in range(c.n_layers):
                 params = jax.tree.map(lambda a, i=layer: a[i], stacked)
-                x, k, v = layer_fn(x, params, keys[layer], values[layer])
+                x, k, v = layer_fn(x, params, layer)
                 new.append((k, v))
             return self.norm(x), jnp.stack([k for k, _ in new]), jnp.stack([v for _, v in new])
 
         def body(x, xs):
-            params, k, v = xs
-            x, k, v = layer_fn(x, params, k, v)
+            params, layer = xs
+            x, k, v = layer_fn(x, params, layer)
             return x, (k, v)
 
-        x, (new_k, new_v) = jax.lax.scan(body, x, (stacked, keys, values))
+        x, (new_k, new_v) = jax.lax.scan(body, x, (stacked, jnp.arange(c.n_layers, dtype=jnp.int32)))
         return self.norm(x), new_k, new_v
 
     def output_matrix(self) -> Float[Array, "d v"]:
