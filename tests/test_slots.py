@@ -189,3 +189,15 @@ def test_compiles_are_bounded_by_the_buckets(sampler):
     assert sampler.compile_counts["decode"] <= capacities
     assert sampler.compile_counts["prefill"] <= capacities * 3
     assert counts[0] == counts[1] or sampler.capacity > 128
+
+
+def test_unrolled_layers_match_a_fresh_forward():
+    """`scan_layers=False` (the gym's model): `Decoder.extend`'s unrolled loop, cache read in blocks."""
+    model = Decoder(dataclasses.replace(CFG, scan_layers=False), rngs=nnx.Rngs(3))
+    s = EpisodeSampler(model, slots=2, max_new_tokens=16, min_capacity=64, prefill_chunk=32, decode_steps=4,
+                       attention_block=16)
+    try:
+        _episodes(s, model, turns=2, episodes="ab")
+        assert s.stats.reused_tokens > 0
+    finally:
+        s.close()
