@@ -16,7 +16,7 @@ Each engine first runs the whole workload once (compiles), then `--repeats` time
 
 Reported: episodes/s, generated tokens/s, the time share of prefill / decode / waiting (no request
 to work on: every episode in its sandbox), and the decode rate with slots joining and leaving vs a
-static batch of the same size (all slots busy from start to end, same engine, same capacity).
+static batch of the same size (all slots busy from start to end, same engine, prompts of the workload's mean request length).
 
 Run:  .venv/bin/python bench/bench_sampling.py [--episodes 32 --turns 8 --obs 200 --slots 32]
 """
@@ -97,14 +97,23 @@ def run(policy, args, seed: int) -> dict:
     return {"wall_s": wall, "tokens": sum(generated)}
 
 
-def static_decode_rate(sampler: EpisodeSampler, args) -> float:
-    """Decode tokens/s of a static batch: `slots` requests admitted together, all `max_new` long."""
+def mean_context(args) -> int:
+    """Mean prompt length of the workload's requests (turn t: the first prompt, t answers, t observations)."""
+    _, _, caps = workload(args, 0)
+    lengths = [args.obs + sum(c[:t]) + t * args.obs for c in caps for t in range(args.turns)]
+    return int(round(statistics.mean(lengths)))
+
+
+def static_decode_rate(sampler: EpisodeSampler, args, context: int) -> float:
+    """Decode tokens/s of a static batch: `slots` requests admitted together, all `max_new` long,
+    prompts of `context` tokens (the workload's mean: decode reads each row's cached slots, so the
+    static batch sits at the same lengths as the episodes' requests)."""
     rng = np.random.default_rng(1)
     from tr.sampling.sampler import SamplingParams
 
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new, seed=3)
     before_s, before_tok = sampler.stats.decode_s, sampler.stats.generated_tokens
-    futures = [sampler.submit(rng.integers(0, 256, args.obs).tolist(), params) for _ in range(sampler.slots)]
+    futures = [sampler.submit(rng.integers(0, 256, context).tolist(), params) for _ in range(sampler.slots)]
     for f in futures:
         f.result()
     return (sampler.stats.generated_tokens - before_tok) / (sampler.stats.decode_s - before_s)
@@ -121,6 +130,7 @@ def main() -> None:
     p.add_argument("--delay-s", type=float, default=0.05)
     p.add_argument("--slots", type=int, default=None, help="decode slots (default: --episodes)")
     p.add_argument("--decode-steps", type=int, default=8)
+    p.add_argument("--attention-block", type=int, default=256, help="cache slots read per block in decode/prefill")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--attention-chunk", type=int, default=512,
                    help="queries per attention block (exact; bounds re-prefill's score memory)")
@@ -136,13 +146,14 @@ def main() -> None:
     print(f"model {config.name} ({config.param_count() / 1e6:.1f}M params), backend {jax.default_backend()}, "
           f"{os.cpu_count()} CPUs; {args.episodes} episodes x {args.turns} turns, {args.obs}-token observations, "
           f"{args.min_new}-{args.max_new} new tokens/turn, echo delay {args.delay_s}s, slots {slots}; "
-          f"median of {args.repeats} after a warm-up run", flush=True)
+          f"median of {args.repeats} after a warm-up run; load average {os.getloadavg()[0]:.1f}", flush=True)
 
     rows = {}
     for engine in args.engines.split(","):
         if engine == "episode":
             sampler = EpisodeSampler(model, tok, slots=slots, max_new_tokens=args.max_new,
-                                     cache_len=longest, decode_steps=args.decode_steps)
+                                     cache_len=longest, decode_steps=args.decode_steps,
+                                     attention_block=args.attention_block)
         else:
             sampler = JaxSampler(model, tok, min_prompt_bucket=256, min_new_bucket=args.max_new,
                                  min_batch_bucket=args.episodes)
@@ -173,7 +184,8 @@ def main() -> None:
         best = {k: statistics.median(o[k] for o in results) for k in results[0]}
         best["warm_s"] = warm_s
         if engine == "episode":
-            best["static_decode_tok_s"] = static_decode_rate(sampler, args)
+            best["static_context"] = mean_context(args)
+            best["static_decode_tok_s"] = static_decode_rate(sampler, args, best["static_context"])
             best["compiles"] = dict(sampler.compile_counts)
             best["capacity"] = sampler.capacity
             sampler.close()
@@ -193,10 +205,11 @@ def main() -> None:
         e = rows["episode"]
         dyn = e["tokens"] / e["decode_s"]
         print(f"episode engine: slot occupancy while decoding {e['occupancy']:.0%}; decode tok/s with slots "
-              f"joining/leaving {dyn:,.0f} vs static batch of {slots} at capacity {e['capacity']} "
+              f"joining/leaving {dyn:,.0f} vs static batch of {slots} at {e['static_context']}-token contexts "
               f"{e['static_decode_tok_s']:,.0f} ({dyn / e['static_decode_tok_s']:.0%}); prefilled "
               f"{e['prefill_tokens']:,} tokens, reused {e['reused_tokens']:,} from cache; compiles {e['compiles']}")
-    print(f"total bench wall time {time.perf_counter() - t_start:.0f}s")
+    print(f"total bench wall time {time.perf_counter() - t_start:.0f}s; load average (1/5/15 min) "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

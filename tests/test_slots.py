@@ -30,7 +30,8 @@ def model():
 @pytest.fixture(scope="module")
 def sampler(model):
     """One sampler for the module (3 rows), so its functions compile once; each test frees its rows."""
-    s = EpisodeSampler(model, slots=3, max_new_tokens=32, min_capacity=128, prefill_chunk=64, decode_steps=4)
+    s = EpisodeSampler(model, slots=3, max_new_tokens=32, min_capacity=128, prefill_chunk=64, decode_steps=4,
+                       attention_block=32)  # the cache is read in blocks (online softmax)
     yield s
     s.close()
 
@@ -48,7 +49,7 @@ def _reference(model, history, completion):
     return np.asarray(logp[0, len(history):len(ids)])
 
 
-def _episodes(sampler, model, turns=4, episodes="abc", obs=20, params=TRAIN, check=True):
+def _episodes(sampler, model, turns=4, episodes="abc", obs=20, params=TRAIN, check=True, timeout=120):
     """Multi-turn episodes with random observations, each turn checked against a fresh forward of the
     whole history; ends the episodes. Returns (completions, prompt tokens submitted)."""
     rng = np.random.default_rng(0)
@@ -58,7 +59,7 @@ def _episodes(sampler, model, turns=4, episodes="abc", obs=20, params=TRAIN, che
         prompt_tokens += sum(len(h) for h in hist.values())
         futs = {e: sampler.submit(h, params, episode_id=e, salt=turn) for e, h in hist.items()}
         for e, f in futs.items():
-            c = f.result(timeout=120)
+            c = f.result(timeout=timeout)
             if check:
                 np.testing.assert_allclose(c.raw_logprobs, _reference(model, hist[e], c), atol=1e-4)
             outs.append(c)
@@ -188,3 +189,15 @@ def test_compiles_are_bounded_by_the_buckets(sampler):
     assert sampler.compile_counts["decode"] <= capacities
     assert sampler.compile_counts["prefill"] <= capacities * 3
     assert counts[0] == counts[1] or sampler.capacity > 128
+
+
+def test_unrolled_layers_match_a_fresh_forward():
+    """`scan_layers=False` (the gym's model): `Decoder.extend`'s unrolled loop, cache read in blocks."""
+    model = Decoder(dataclasses.replace(CFG, scan_layers=False), rngs=nnx.Rngs(3))
+    s = EpisodeSampler(model, slots=2, max_new_tokens=16, min_capacity=64, prefill_chunk=32, decode_steps=4,
+                       attention_block=16)
+    try:
+        _episodes(s, model, turns=2, episodes="ab", timeout=900)  # a fresh sampler: its first turn compiles
+        assert s.stats.reused_tokens > 0
+    finally:
+        s.close()

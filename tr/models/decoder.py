@@ -294,6 +294,78 @@ class Attention(nnx.Module):
         y = jnp.einsum("bthk,hkd->btd", out, self.o_proj.get_value().astype(dt))
         return y, new_kv
 
+    def extend(self, x: jax.Array, cos: jax.Array, sin: jax.Array, cache_k: jax.Array, cache_v: jax.Array,
+               valid: jax.Array, new_mask: jax.Array, span: jax.Array, block: int, rows: jax.Array | None,
+               layer: jax.Array | int) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Attention of new tokens after a READ-ONLY head-major cache, layer `layer` of the stacked
+        `[n_layers, B, K, S, head_dim]` (`Decoder.extend`): query t sees the valid cached slots `< span` and the new tokens
+        `new_mask[b, t]` allows; returns (y, k_new, v_new `[B, T, K, head_dim]`)."""
+        dt = self.config.compute_dtype
+        q = jnp.einsum("btd,dhk->bthk", x, self.q_proj.get_value().astype(dt))
+        k = jnp.einsum("btd,dhk->bthk", x, self.k_proj.get_value().astype(dt))
+        v = jnp.einsum("btd,dhk->bthk", x, self.v_proj.get_value().astype(dt))
+        q = apply_rotary(self.q_norm(q), cos, sin)
+        k = apply_rotary(self.k_norm(k), cos, sin).astype(cache_k.dtype)
+        v = v.astype(cache_v.dtype)
+        q = constrain(q, ("activation_batch", "activation_length", "activation_heads", "activation_head_dim"))
+        b, t, h, d = q.shape
+        n_kv = k.shape[2]
+        qg = q.reshape(b, t, n_kv, h // n_kv, d).transpose(0, 2, 3, 1, 4) * (d ** -0.5)   # [b, k, g, t, d]
+        out = _attend_online(qg, cache_k, cache_v, layer, valid, span, block, rows,
+                             k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), new_mask)
+        out = out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
+        y = jnp.einsum("bthk,hkd->btd", out, self.o_proj.get_value().astype(dt))
+        return y, k, v
+
+
+def _attend_online(qg, cache_k, cache_v, layer, valid, span, block, rows, new_k, new_v, new_mask):
+    """`softmax(q [k_cache; k_new]^T) [v_cache; v_new]` over the cached slots `< span` (in blocks of
+    `block` slots, online softmax: running max `m`, normaliser `l`, accumulator) and the new tokens.
+
+    qg `[b, K, g, t, d]` (pre-scaled), cache_k/v `[n_layers, B, K, S, d]`, of which layer `layer`
+    is read one block at a time (never sliced whole: no copy of the layer) (query row i reads cache row
+    `rows[i]`, clipped; all B in order when None), valid `[b, S]`, new_k/v `[b, K, t, d]`, new_mask
+    `[b, t, t]`. Exact up to rounding; reads `ceil(span / block)` blocks, not all `S` slots.
+    """
+    b, n_kv, g, t, d = qg.shape
+    _, n_rows, _, s, _ = cache_k.shape
+    f32 = jnp.float32
+    zero = jnp.zeros((), jnp.int32)
+
+    def take(x, start, size):                      # -> the query rows' [b, K, size, d] of layer `layer`
+        at = (jnp.asarray(layer, jnp.int32), zero, zero, jnp.asarray(start, jnp.int32), zero)
+        x = jax.lax.dynamic_slice(x, at, (1, n_rows, n_kv, size, d))[0]
+        return x if rows is None else jnp.take(x, rows, axis=0, mode="clip")
+
+    def update(carry, keys, vals, mask):          # mask [b, t, n]
+        m, l, acc = carry
+        scores = jnp.einsum("bkgtd,bknd->bkgtn", qg, keys, preferred_element_type=f32)
+        mask = mask[:, None, None]
+        m_new = jnp.maximum(m, jnp.max(jnp.where(mask, scores, low), axis=-1))   # finite: no inf - inf
+        p = jnp.where(mask, jnp.exp(scores - m_new[..., None]), 0.0)
+        scale = jnp.exp(m - m_new)
+        l = l * scale + p.sum(-1)
+        acc = acc * scale[..., None] + jnp.einsum("bkgtn,bknd->bkgtd", p.astype(vals.dtype), vals,
+                                                  preferred_element_type=f32)
+        return m_new, l, acc
+
+    low = jnp.finfo(f32).min
+    init = (jnp.full((b, n_kv, g, t), low, f32), jnp.zeros((b, n_kv, g, t), f32),
+            jnp.zeros((b, n_kv, g, t, d), f32))
+    if block <= 0 or s <= block or s % block:
+        carry = update(init, take(cache_k, 0, s), take(cache_v, 0, s), jnp.broadcast_to(valid[:, None, :], (b, t, s)))
+    else:
+        def body(i, carry):
+            start = i * block
+            keys, vals = take(cache_k, start, block), take(cache_v, start, block)
+            mask = jax.lax.dynamic_slice_in_dim(valid, start, block, axis=1)
+            return update(carry, keys, vals, jnp.broadcast_to(mask[:, None, :], (b, t, block)))
+
+        n_blocks = jnp.clip((span + block - 1) // block, 1, s // block)
+        carry = jax.lax.fori_loop(0, n_blocks, body, init)
+    m, l, acc = update(carry, new_k, new_v, new_mask)
+    return (acc / jnp.where(l > 0, l, 1.0)[..., None]).astype(qg.dtype)   # l = 0: a query seeing nothing
+
 
 class MLP(nnx.Module):
     """SwiGLU: `down(silu(x W_gate) * (x W_up))`."""
@@ -327,6 +399,14 @@ class Block(nnx.Module):
         x = x + self.mlp(self.post_attention_layernorm(x))
         x = constrain(x, ("activation_batch", "activation_length", "activation_embed"))
         return x, new_kv
+
+    def extend(self, x, cos, sin, cache_k, cache_v, valid, new_mask, span, block, rows, layer):
+        attn_out, k, v = self.self_attn.extend(self.input_layernorm(x), cos, sin, cache_k, cache_v, valid,
+                                               new_mask, span, block, rows, layer)
+        x = x + attn_out
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        x = constrain(x, ("activation_batch", "activation_length", "activation_embed"))
+        return x, k, v
 
 
 def positions_from_segments(segment_ids: Int[Array, "b l"]) -> Int[Array, "b l"]:
@@ -433,6 +513,54 @@ class Decoder(nnx.Module):
         (x, cache_kv), _ = jax.lax.scan(body, (x, cache_kv),
                                         (stacked, jnp.arange(c.n_layers, dtype=jnp.int32)))
         return x, cache_kv
+
+    def extend(self, tokens: Int[Array, "b t"], positions: Int[Array, "b t"], token_mask: Bool[Array, "b t"],
+               keys: jax.Array, values: jax.Array, valid: Bool[Array, "b s"], *, span: jax.Array | None = None,
+               block: int = 256, rows: Int[Array, "b"] | None = None
+               ) -> tuple[Float[Array, "b t d"], jax.Array, jax.Array]:
+        """Final-norm hidden states of `tokens` read after a cache that is only READ (rows at any lengths).
+
+        `keys/values [n_layers, B, K, S, head_dim]` (head-major: each row's head is one contiguous
+        `[S, head_dim]` matrix; token row i reads cache row `rows[i]`, clipped, or row i when `rows`
+        is None, so a few rows of a large cache are read without copying it), `valid [b, S]` the
+        cached slots each token row may see; new token t of
+        row b attends to them and to new tokens `j <= t` with `token_mask[b, j]` (one softmax over
+        both). Only slots `< span` (a traced bound on every row's valid slots; default all) are read,
+        `block` slots at a time with an online softmax, so the cost follows the rows' lengths, not S.
+        Returns `(h [B, T, d], new_keys, new_values [n_layers, B, T, K, head_dim])`: the caller
+        writes them wherever its rows keep their tokens (`tr.sampling.slots` scatters them at
+        per-row ends), so the cache is never copied or carried through the layers. The same numbers
+        as `hidden_states` with a cache holding those slots, up to float rounding.
+        """
+        c = self.config
+        t = tokens.shape[1]
+        span = jnp.asarray(keys.shape[3] if span is None else span, jnp.int32)
+        x = self.embed_tokens.get_value()[tokens].astype(c.compute_dtype)
+        x = constrain(x, ("activation_batch", "activation_length", "activation_embed"))
+        cos, sin = rotary_cos_sin(positions, c)
+        causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
+        new_mask = causal[None] & token_mask[:, None, :]                       # [B, T(query), T(key)]
+        graphdef, stacked = nnx.split(self.layers)
+
+        def layer_fn(x, params, layer):  # the whole cache goes in: only blocks of it are read
+            return nnx.merge(graphdef, params).extend(x, cos, sin, keys, values, valid, new_mask, span, block,
+                                                      rows, layer)
+
+        if not c.scan_layers:
+            new = []
+            for layer in range(c.n_layers):
+                params = jax.tree.map(lambda a, i=layer: a[i], stacked)
+                x, k, v = layer_fn(x, params, layer)
+                new.append((k, v))
+            return self.norm(x), jnp.stack([k for k, _ in new]), jnp.stack([v for _, v in new])
+
+        def body(x, xs):
+            params, layer = xs
+            x, k, v = layer_fn(x, params, layer)
+            return x, (k, v)
+
+        x, (new_k, new_v) = jax.lax.scan(body, x, (stacked, jnp.arange(c.n_layers, dtype=jnp.int32)))
+        return self.norm(x), new_k, new_v
 
     def output_matrix(self) -> Float[Array, "d v"]:
         """The `[d_model, vocab]` output projection (the transposed embedding when tied)."""

@@ -14,16 +14,19 @@ calls, retires the rows that reached a stop token or their cap (their futures re
 admits queued requests into free rows (prefill), so short requests never wait for long ones; while
 a request is queued, a decode call returns as soon as any row finishes, so a freed row never idles.
 
-**Cache layout.** Row-major: `keys, values [slots, n_layers, 1, S, K, head_dim]`, i.e. one
-batch-1 `KVCache` of the decoder per row, and `end [slots]` (rows are at different lengths); row `b`
-holds its tokens in slots `0 .. end[b]-1` (no padding holes: a token's rotary position is its slot),
-`valid = slot < end`. The decoder runs on every row at once under `jax.vmap` over the leading axis
-(batch 1, scalar `end` each), so the decoder itself is unchanged and no step moves the cache (a
-`[n_layers, B, ...]` layout vmapped over `B` would transpose the whole cache every step). `capacity` (slots per row) grows by doubling up to `cache_len` when a request needs more.
+**Cache layout.** Head-major: `keys, values [n_layers, slots, n_kv_heads, S, head_dim]` and
+`end [slots]` (rows are at different lengths); row `b` holds its tokens in slots `0 .. end[b]-1` (no
+padding holes: a token's rotary position is its slot), `valid = slot < end`. Every call runs the
+decoder on its rows as one batch through `Decoder.extend`, which only READS the cache (each row's
+head a contiguous `[S, head_dim]` matrix; slots `< span`, the longest participating row, in
+`attention_block`-slot blocks with an online softmax, so a step costs what the rows' lengths need,
+not `S`) and returns the new tokens' K/V, which are then scattered at each row's `end` (the only
+cache write: nothing is copied or carried through the layers, no `vmap`). `capacity` (slots per
+row) grows by doubling up to `cache_len` when a request needs more.
 
 **Compiles.** Prefill runs in chunks of `prefill_chunk` tokens (right-padded) and is compiled per
 (rows-in-call bucket, capacity), decode per capacity: all powers of two, so the count is bounded
-(`compile_counts`); the weights are an
+(`compile_counts`); `span` is traced, so row lengths never recompile; the weights are an
 argument, so `update_weights` never recompiles (it drops every cached episode).
 
 **Sampling** (`tr.sampling.sampler.sample_token`): each request has its own key `fold_in(key(seed),
@@ -99,21 +102,25 @@ class EngineStats:
     requests: int = 0
 
 
-def _rows_forward(model: Decoder, keys, values, end, tokens, positions, mask):
-    """The decoder on each row separately (`vmap` over rows, a batch-1 `KVCache` with scalar `end`).
+def _rows_forward(model: Decoder, keys, values, end, tokens, positions, mask, span, block: int):
+    """The decoder on all rows at once, each row after its own cached slots `0 .. end[b]-1`.
 
-    keys/values `[B, n_layers, 1, S, K, hd]` (row-major: vmapping the leading axis moves no data),
-    end `[B]`, tokens/positions/mask `[B, T]`; writes the T tokens' K/V at slots `end[b] ..` of row
-    b. Returns (keys, values, hidden `[B, T, d]`).
+    keys/values `[n_layers, B, K, S, hd]` (head-major), end `[B]`, tokens/positions/mask `[B, T]`,
+    span: a bound on `end` over the rows whose results are used (only slots `< span` are read).
+    The cache is only read (`Decoder.extend`); the masked-in new tokens' K/V are then scattered
+    at slots `end[b] + t` of row b (masked-out ones dropped). Returns (keys, values, hidden `[B, T, d]`).
     """
-    slots = keys.shape[3]
-
-    def one(k, v, e, t, p, m):
-        cache = KVCache(keys=k, values=v, valid=(jnp.arange(slots) < e)[None], end=e)
-        h, c = model.hidden_states(t[None], p[None], cache=cache, token_mask=m[None])
-        return c.keys, c.values, h[0]
-
-    return jax.vmap(one)(keys, values, end, tokens, positions, mask)
+    n_slots = keys.shape[3]
+    valid = jnp.arange(n_slots)[None] < end[:, None]
+    hidden, new_k, new_v = model.extend(tokens, positions, mask, keys, values, valid, span=span, block=block)
+    t = tokens.shape[1]
+    slot = jnp.where(mask, end[:, None] + jnp.arange(t, dtype=jnp.int32)[None], n_slots)   # [B, T]
+    rows = jnp.arange(tokens.shape[0])[:, None, None]
+    heads = jnp.arange(keys.shape[2])[None, :, None]
+    at = (slice(None), rows, heads, slot[:, None, :])                                     # -> [L, B, K, T]
+    keys = keys.at[at].set(new_k.transpose(0, 1, 3, 2, 4), mode="drop")
+    values = values.at[at].set(new_v.transpose(0, 1, 3, 2, 4), mode="drop")
+    return keys, values, hidden
 
 
 class EpisodeSampler:
@@ -126,7 +133,7 @@ class EpisodeSampler:
 
     def __init__(self, model: Decoder, tokenizer: Tokenizer | None = None, *, slots: int = 32,
                  cache_len: int | None = None, max_new_tokens: int = 256, prefill_chunk: int = 128,
-                 min_capacity: int = 512, decode_steps: int = 8,
+                 min_capacity: int = 512, decode_steps: int = 8, attention_block: int = 256,
                  reuse_cache: bool = True, mesh: jax.sharding.Mesh | None = None,
                  batch_invariant: bool = False):
         if slots < 1:
@@ -143,6 +150,7 @@ class EpisodeSampler:
         self.max_new_tokens = max_new_tokens
         self.prefill_chunk = _bucket(prefill_chunk, 1)
         self.decode_steps = decode_steps
+        self.attention_block = _bucket(attention_block, 1)
         self.reuse_cache = reuse_cache
         # Prefill one row per call: a row's logits never depend on which rows share a call (a
         # batched prefill's shape, hence its float rounding, follows the admission timing).
@@ -170,11 +178,12 @@ class EpisodeSampler:
         return 2 * c.n_layers * self.cache_len * c.n_kv_heads * c.head_dim * jnp.dtype(c.compute_dtype).itemsize
 
     def _alloc(self, capacity: int) -> int:
-        return capacity + self.prefill_chunk  # slack: a padded prefill chunk never runs off the end
+        # slack: a padded prefill chunk never runs off the end; a multiple of the attention block
+        return capacity + max(self.prefill_chunk, self.attention_block)
 
     def _reset_device_state(self) -> None:
         c, r = self.config, self.slots
-        shape = (r, c.n_layers, 1, self._alloc(self.capacity), c.n_kv_heads, c.head_dim)
+        shape = (c.n_layers, r, c.n_kv_heads, self._alloc(self.capacity), c.head_dim)
         self._keys = jnp.zeros(shape, c.compute_dtype)
         self._values = jnp.zeros(shape, c.compute_dtype)
         self._end = jnp.zeros(r, jnp.int32)
@@ -199,13 +208,15 @@ class EpisodeSampler:
         self.compile_counts["prefill"] += 1  # runs only while tracing
         model = nnx.merge(self.graphdef, state)
         t = tokens.shape[1]
-        sub_k = jnp.take(keys, rows, axis=0, mode="clip")
-        sub_v = jnp.take(values, rows, axis=0, mode="clip")
         positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
         mask = jnp.arange(t)[None] < n_real[:, None]
-        sub_k, sub_v, hidden = _rows_forward(model, sub_k, sub_v, start, tokens, positions, mask)
-        keys = keys.at[rows].set(sub_k, mode="drop")
-        values = values.at[rows].set(sub_v, mode="drop")
+        valid = jnp.arange(keys.shape[3])[None] < start[:, None]
+        hidden, new_k, new_v = model.extend(tokens, positions, mask, keys, values, valid, span=jnp.max(start),
+                                            block=self.attention_block, rows=rows)   # reads only `rows`
+        slot = jnp.where(mask, positions, keys.shape[3])                  # padding tokens: dropped
+        at = (slice(None), rows[:, None, None], jnp.arange(keys.shape[2])[None, :, None], slot[:, None, :])
+        keys = keys.at[at].set(new_k.transpose(0, 1, 3, 2, 4), mode="drop")
+        values = values.at[at].set(new_v.transpose(0, 1, 3, 2, 4), mode="drop")
         end = end.at[rows].set(start + n_real, mode="drop")
         last = jnp.take_along_axis(hidden, jnp.maximum(n_real - 1, 0)[:, None, None], axis=1)[:, 0]
         new_logits = model.project(last)
@@ -247,7 +258,9 @@ class EpisodeSampler:
             stop = jnp.any(token[:, None] == d["stop_ids"], axis=-1)
             d["length"] = length
             d["active"] = act & ~(stop | (length >= d["max_new"]))
-            keys, values, hidden = _rows_forward(model, keys, values, end, token[:, None], end[:, None], act[:, None])
+            span = jnp.max(jnp.where(act, end, 0))
+            keys, values, hidden = _rows_forward(model, keys, values, end, token[:, None], end[:, None], act[:, None],
+                                                 span, self.attention_block)
             end = end + act.astype(jnp.int32)
             d["logits"] = jnp.where(act[:, None], model.project(hidden[:, 0]), d["logits"])
             return i + 1, keys, values, end, d
@@ -440,7 +453,7 @@ class EpisodeSampler:
         if cap == self.capacity:
             return
         pad = self._alloc(cap) - self._keys.shape[3]
-        widths = ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0), (0, 0))
+        widths = ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0))
         self._keys, self._values = jnp.pad(self._keys, widths), jnp.pad(self._values, widths)
         self.capacity = cap
 
