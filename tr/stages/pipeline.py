@@ -38,7 +38,7 @@ def run(config, workdir: pathlib.Path) -> dict:
                                   f"is not an earlier stage (earlier: {sorted(names)}) nor a "
                                   f"finished stage in {workdir}")
         names.add(entry["name"])
-        merged = _merge(shared, entry)
+        merged = merge_entry(shared, entry)
         summaries[entry["name"]] = stage_kind(entry["kind"])(merged, pathlib.Path(workdir))
         (pathlib.Path(workdir) / "pipeline.json").write_text(
             json.dumps(summaries, indent=1, sort_keys=True, default=str))
@@ -55,11 +55,12 @@ def _finished(workdir, stage: str) -> bool:
         return False
 
 
-def _merge(base: dict, over: dict) -> dict:
+def merge_entry(base: dict, over: dict) -> dict:
+    """`over` laid on `base`, nested dicts merged key by key (a model's `overrides` replaced whole)."""
     out = dict(base)
     for key, value in over.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "overrides":
-            out[key] = _merge(out[key], value)
+            out[key] = merge_entry(out[key], value)
         else:
             out[key] = value
     return out

@@ -30,6 +30,7 @@ import sys
 import time
 from typing import Sequence
 
+from tr.stages import pipeline
 from tr.stages.registry import STAGE_KINDS, ConfigError, stage_kind
 
 REPORT_ROWS = ("base", "rsr1", "rpr1", "rsr2", "rpr2")
@@ -85,14 +86,7 @@ def arm_stages(entries: list[dict], report: dict, cell: str) -> tuple[list[dict]
     return [by_name[e["name"]] for e in entries], dict(report), shared
 
 
-def _merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "overrides":
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
+_merge = pipeline.merge_entry   # the pipeline job's own rule for an entry over stage_defaults
 
 
 def schedule(config) -> tuple[list[dict], dict, dict, list[dict]]:
