@@ -112,7 +112,7 @@ def test_urls_contexts_and_bad_names(tmp_path, monkeypatch):
         EndpointPool(SOCKET)
     with pytest.raises(ValueError, match="docker_endpoint"):
         SandboxConfig(docker_endpoint="")
-    with pytest.raises(ValueError, match="needs backend 'docker'"):
+    with pytest.raises(ValueError, match=r"needs a backend with engine endpoints \('docker'\), not 'local'"):
         TaskEnv("local", None, [SOCKET])
     # Nothing answers on that port: a clear error naming the endpoint, not a traceback.
     with pytest.raises(SandboxError, match=r"'tr-remote' \(tcp://127.0.0.1:\d+\) does not answer"):
