@@ -29,8 +29,10 @@ from tr.train import pod
 
 VARIANTS = ("default", "quick", "queue", "paper")
 
+# sft.length: a quick recovery row (h_f of an unsummarised two-turn failure + the teacher) is
+# ~700 BPE tokens; the gym model's context is 1,024.
 QUICK = {"base.variant": "smoke",
-         "data.train_tasks": 4, "data.attempts": 1, "sft.steps": 2, "sft.batch": 2, "sft.length": 512,
+         "data.train_tasks": 4, "data.attempts": 1, "sft.steps": 2, "sft.batch": 2, "sft.length": 1024,
          "grpo.updates": 2, "grpo.group_size": 2, "grpo.m_original": 1, "grpo.m_recovery": 1,
          "eval.test_count": 3, "eval.val_count": 2, "eval.k": 1, "eval.heldout_states": 2,
          "eval.max_turns": 2, "eval.max_output_tokens": 32, "concurrency": 4}
