@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from tr.agent import runbook as rb
 from tr.envs import gym
 from tr.stages import base, embedded
 
@@ -32,16 +33,20 @@ def test_select_prefers_the_band_with_enough_families_then_the_target():
     assert base.select(ties, target=0.2, band=(0.1, 0.35))["step"] == 5
 
 
-def test_demo_plans_mix_clean_mistake_and_truncated(tmp_path, monkeypatch):
+def test_demo_plans_mix_clean_mistake_truncated_and_runbook(tmp_path, monkeypatch):
     monkeypatch.setenv("TR_GYM_DIR", str(tmp_path))
     tasks = gym.split_tasks("train", 70)
-    plans = base.demo_plans(tasks, seed=3, p_mistake=0.3, p_truncate=0.2)
-    assert plans == base.demo_plans(tasks, seed=3, p_mistake=0.3, p_truncate=0.2)
+    plans = base.demo_plans(tasks, seed=3, p_mistake=0.3, p_truncate=0.2, p_runbook=0.2)
+    assert plans == base.demo_plans(tasks, seed=3, p_mistake=0.3, p_truncate=0.2, p_runbook=0.2)
     kinds = [k for k, _ in plans.values()]
-    assert {"clean", "mistake", "truncated"} == set(kinds)
+    assert {"clean", "mistake", "truncated", "runbook"} == set(kinds)
     for task, (kind, commands) in zip(tasks, plans.values()):
-        if kind == "clean":
+        if kind in ("clean", "runbook"):
             assert commands == gym.solution_commands(task)
+            if kind == "runbook":     # the replay prompt RSR builds from the same commands
+                shown = base.runbook_task(task, commands).instruction
+                assert shown.startswith(task.instruction + rb.RUNBOOK_HEADER)
+                assert all(f"Run: {c}" in shown for c in commands)
         elif kind == "mistake":
             assert commands[0] in gym.mistake_commands(task)
             assert commands[1:] == gym.repair_commands(task)
@@ -198,3 +203,22 @@ def test_evaluation_is_the_same_at_any_concurrency(tmp_path, monkeypatch):
         other.close()
     records = sorted(read_shard(tmp_path / "s6" / "episodes-base.jsonl"), key=lambda r: r.episode_id)
     assert [[t.text for t in r.turns] for r in records] != [x[2] for x in runs[0]]
+
+
+def test_demo_shares_over_one_are_one_clear_error():
+    config = base.defaults("quick")
+    config.demos.p_runbook = 0.9             # 0.3 + 0.2 + 0.9 > 1
+    with pytest.raises(base.ConfigError, match=r"config\.demos shares .*p_runbook"):
+        base._check(config)
+
+
+def test_a_mistake_demos_wrong_action_is_context_not_a_target():
+    import numpy as np
+    seq = {"tokens": np.arange(8, dtype=np.int32),
+           "turn_ids": np.array([0, 0, 1, 1, 1, 2, 2, 2], np.int32),     # prompt, action 1, action 2
+           "actor_mask": np.array([0, 0, 1, 1, 0, 1, 1, 0], bool)}       # (an observation token each)
+    seq["loss_mask"] = seq["actor_mask"].copy()
+    out = base.mask_first_action(seq)
+    assert out["loss_mask"].tolist() == [0, 0, 0, 0, 0, 1, 1, 0]
+    assert out["actor_mask"].tolist() == seq["actor_mask"].tolist()   # still the actor's tokens
+    assert seq["loss_mask"].tolist() == seq["actor_mask"].tolist()    # the input is not changed

@@ -1,8 +1,11 @@
 """The `base` job: a Base policy for the gym that starts low but not at zero (issue 11).
 
     demos     the scripted teacher plays `train` tasks in real sandboxes: clean reference runs,
-              runs that open with a plausible mistake then repair it, and truncated runs (the
-              reference cut short, then DONE); each demo's actions are SFT targets
+              runs that open with a plausible mistake then repair it, truncated runs (the
+              reference cut short, then DONE) and runbook runs (the reference, with the runbook of
+              its commands after the instruction, as RSR's replays see a task); each demo's
+              actions are SFT targets, except a mistake demo's wrong first action (context only,
+              unless `demos.learn_mistakes`)
     sft       a fixed number of updates (`tr.train.steps` SFT step) of the embedded model
               (`tr.stages.embedded`) from scratch, evaluated on `val` at update `eval_start` and every
               `eval_every` updates after it (and at the last)
@@ -51,10 +54,13 @@ class PlanPolicy:
         return out
 
 
-def demo_plans(tasks, *, seed: int, p_mistake: float, p_truncate: float) -> dict[str, tuple]:
+def demo_plans(tasks, *, seed: int, p_mistake: float, p_truncate: float,
+               p_runbook: float = 0.0) -> dict[str, tuple]:
     """episode id -> (kind, commands): 'mistake' = a plausible wrong first action then the repair
     commands, 'truncated' = the reference without its last command (a one-command reference is
-    replaced by the family's partial attempt), else 'clean' = the reference."""
+    replaced by the family's partial attempt), 'runbook' = the reference, played on the task whose
+    instruction carries the runbook of those commands (`runbook_task`), else 'clean' = the
+    reference."""
     from tr.envs import gym
 
     rng = random.Random(f"demos:{seed}")
@@ -67,10 +73,22 @@ def demo_plans(tasks, *, seed: int, p_mistake: float, p_truncate: float) -> dict
             plan = ("mistake", [rng.choice(mistakes)] + gym.repair_commands(task))
         elif u < p_mistake + p_truncate:
             plan = ("truncated", solution[:-1] if len(solution) > 1 else gym.partial_commands(task))
+        elif u < p_mistake + p_truncate + p_runbook:
+            plan = ("runbook", solution)
         else:
             plan = ("clean", solution)
         plans[f"demo-{i}-{task.id}"] = plan
     return plans
+
+
+def runbook_task(task, commands):
+    """`task` as an RSR replay sees it: its instruction followed by the embedded planner's runbook
+    of `commands` (`tr.agent.runbook.CommandListPlanner`, `with_runbook`).  Base demos on such
+    prompts teach the policy to read a runbook, so RSR's replays can succeed (SPEC §6)."""
+    from tr.agent import runbook as rb
+
+    steps = [rb.Step(command, "", 0) for command in commands]
+    return rb.with_runbook(task, rb.CommandListPlanner().plan(task, steps))
 
 
 def make_demos(config, tokenizer, layout):
@@ -82,9 +100,10 @@ def make_demos(config, tokenizer, layout):
 
     tasks = gym.split_tasks("train", config.demos.tasks, seed=config.seed)
     plans = demo_plans(tasks, seed=config.seed, p_mistake=config.demos.p_mistake,
-                       p_truncate=config.demos.p_truncate)
-    specs = [EpisodeSpec(task=t, episode_id=eid, seed=config.seed)
-             for t, eid in zip(tasks, plans)]
+                       p_truncate=config.demos.p_truncate, p_runbook=config.demos.p_runbook)
+    specs = [EpisodeSpec(task=runbook_task(t, plan[1]) if plan[0] == "runbook" else t,
+                         episode_id=eid, seed=config.seed)
+             for t, (eid, plan) in zip(tasks, plans.items())]
     rc = RolloutConfig(concurrency=config.concurrency, progress=False, batch_window_s=0.0,
                        budgets=Budgets(max_turns=gym.MAX_TURNS),
                        system_prompt=config.get("system_prompt", embedded.SYSTEM_PROMPT))
@@ -98,6 +117,8 @@ def make_demos(config, tokenizer, layout):
             dropped += 1
             continue
         for seq in episode_to_sequences(rec, float(bool(rec.passed))):
+            if plans[rec.episode_id][0] == "mistake" and not config.demos.learn_mistakes:
+                seq = mask_first_action(seq)
             if len(seq["tokens"]) <= config.sft.length:
                 seqs.append(seq)
             else:
@@ -109,6 +130,16 @@ def make_demos(config, tokenizer, layout):
              "kinds": {k: kinds.count(k) for k in sorted(set(kinds))},
              "mean_tokens": float(np.mean([len(s["tokens"]) for s in seqs])) if seqs else 0.0}
     return seqs, stats
+
+
+def mask_first_action(seq: dict) -> dict:
+    """`seq` with no loss on its first action (`loss_mask ∧ turn_ids ≠ t_0`, t_0 the first actor
+    turn): a mistake demo's wrong action stays in the context the repair is learned from, but is
+    not itself a target, so the policy learns to repair mistakes, not to make them."""
+    actor_turns = seq["turn_ids"][seq["actor_mask"]]
+    if not len(actor_turns):
+        return seq
+    return {**seq, "loss_mask": seq["loss_mask"] & (seq["turn_ids"] != actor_turns.min())}
 
 
 def pack_rows(lengths, order, length: int) -> list[list[int]]:
@@ -255,6 +286,8 @@ def defaults(variant: str = "default"):
     config.demos.tasks = 448                              # train instances, one demo each
     config.demos.p_mistake = 0.3                          # mistake first, then repair
     config.demos.p_truncate = 0.2                         # reference cut short, then DONE
+    config.demos.p_runbook = 0.2                          # reference, runbook in the prompt (RSR)
+    config.demos.learn_mistakes = False                   # a mistake demo's wrong action: context only
     config.sft = ml_collections.ConfigDict()
     config.sft.steps = 240
     config.sft.batch = 8                                  # packed rows per update (~3 demos a row)
@@ -292,6 +325,10 @@ def _check(config) -> None:
     for field in ("tasks",):
         if config.demos[field] < 1:
             raise ConfigError(f"config.demos.{field} must be >= 1, got {config.demos[field]}")
+    shares = {f: float(config.demos[f]) for f in ("p_mistake", "p_truncate", "p_runbook")}
+    if min(shares.values()) < 0 or sum(shares.values()) > 1:
+        raise ConfigError(f"config.demos shares {shares} must each be >= 0 and sum to <= 1 (the "
+                          "rest are clean demos)")
     for field in ("steps", "batch", "length", "eval_every", "eval_start"):
         if config.sft[field] < 1:
             raise ConfigError(f"config.sft.{field} must be >= 1, got {config.sft[field]}")
@@ -372,9 +409,10 @@ def train(config, run_dir: pathlib.Path, out_dir: pathlib.Path) -> dict:
                           "format_errors": summary["format_errors"]})
             kept[step] = state
             t_eval += time.monotonic() - t0
-            print(f"step {step}: loss {loss:.3f}  val Pass@1 {p:.3f}  families with a success "
-                  f"{sum(v > 0 for v in fams.values())}/{len(fams)}  format errors "
-                  f"{summary['format_errors']}", flush=True)
+            print(f"[{time.monotonic() - t_start:5.0f}s] step {step}: loss {loss:.3f}  val Pass@1 "
+                  f"{p:.3f}  families with a success {sum(v > 0 for v in fams.values())}/"
+                  f"{len(fams)}  format errors {summary['format_errors']}  (train {t_train:.0f}s, "
+                  f"eval {t_eval:.0f}s so far)", flush=True)
             metrics_log.append({"step": step, "loss": loss, "val_pass_at_1": p})
         else:
             jax.block_until_ready(state.step)
