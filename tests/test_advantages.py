@@ -463,3 +463,7 @@ class GrpoAndExplainedVarianceTest(parameterized.TestCase):
         constant = explained_variance(returns, np.full_like(returns, returns[mask].mean()), mask)
         np.testing.assert_allclose(constant, 0.0, atol=1e-5)
         self.assertLess(float(explained_variance(returns, -returns, mask)), 0.0)
+        # every return equal (a batch without a success): NaN, not -inf, whatever the critic says
+        flat = np.zeros_like(returns)
+        self.assertTrue(np.isnan(self.variant(explained_variance)(flat, values, mask)))
+        self.assertTrue(np.isnan(explained_variance(returns, values, np.zeros_like(mask))))

@@ -448,4 +448,6 @@ def explained_variance(
         mean = jnp.sum(jnp.where(mask, x, 0.0)) / count
         return jnp.sum(jnp.where(mask, jnp.square(x - mean), 0.0)) / count
 
-    return 1.0 - masked_var(returns - values) / masked_var(returns)
+    var_returns = masked_var(returns)
+    # Var(G) = 0 (every return equal, e.g. a batch with no success): EV is undefined, not -inf.
+    return jnp.where(var_returns > 0, 1.0 - masked_var(returns - values) / var_returns, jnp.nan)

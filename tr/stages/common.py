@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import pathlib
 import sys
 import time
@@ -512,3 +513,9 @@ def read_metrics(path: pathlib.Path) -> list[dict]:
 
 def to_host(metrics: dict) -> dict:
     return {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+
+def finite_or_none(value):
+    """`value` as a float, or None where it is missing or not finite (an undefined EV: JSON has no
+    NaN or infinity)."""
+    return float(value) if value is not None and math.isfinite(value) else None

@@ -83,7 +83,8 @@ def run(stage_config, run_dir, **_) -> dict:
     summary = {
         "kind": KIND, "updates": len(lines), "reward": config.rpr.reward,
         "scales": None if scales is None else str(opened.stage_dir / "scales.json"),
-        "ev_per_update": [line.get("critic/explained_variance") for line in lines],
+        "ev_per_update": [common.finite_or_none(line.get("critic/explained_variance"))
+                          for line in lines],
         "val_pass@1_before": val[0]["pass@1"] if val else None,
         "val_pass@1_after": val[-1]["pass@1"] if val else None,
         "retained_step": None if retained is None else retained["step"],

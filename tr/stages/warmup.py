@@ -67,6 +67,7 @@ def run(stage_config, run_dir, **_) -> dict:
     summary = {"kind": KIND, "iterations": iterations, "updates": len(lines),
                "ev_before": lines[0]["ev_before"] if lines else None,
                "ev_after": lines[-1]["ev_after"] if lines else None,
-               "ev_per_update": [line["critic/explained_variance"] for line in lines]}
+               "ev_per_update": [common.finite_or_none(line["critic/explained_variance"])
+                                 for line in lines]}
     jax.block_until_ready(state.step)
     return handoff.finish_stage(opened, state, summary)
