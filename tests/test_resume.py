@@ -4,13 +4,14 @@ an uninterrupted run with the same seed, bit for bit; then restore its checkpoin
 import os
 import pathlib
 import signal
-import subprocess
 import sys
 import time
 
 import jax
 import pytest
 from flax import nnx
+
+import child_runs
 
 from tr.models import sharding as sharding_lib
 from tr.train import checkpoint as ckpt
@@ -23,21 +24,9 @@ STEPS, SAVE_EVERY = 12, 4
 TIMEOUT_S = 240
 
 
-def child_env(cache_dir):
-    env = dict(os.environ)
-    # One device (the 8-device restore below is the mesh change); unoptimised LLVM code generation
-    # compiles the tiny step several times faster, and every run uses the same flags.
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=1 "
-                         "--xla_backend_optimization_level=0", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(ROOT), TR_TEST_JAX_CACHE=str(cache_dir))
-    return env
-
-
 def start_child(run_dir, metrics, env, *extra):
-    return subprocess.Popen(
-        [sys.executable, str(CHILD), "--run_dir", str(run_dir), "--steps", str(STEPS),
-         "--save_every", str(SAVE_EVERY), "--metrics", str(metrics), *extra],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return child_runs.start(CHILD, env, "--run_dir", run_dir, "--steps", STEPS,
+                            "--save_every", SAVE_EVERY, "--metrics", metrics, *extra)
 
 
 def wait_until(condition, proc, what):
@@ -59,9 +48,7 @@ def sigkill(proc):
 
 
 def finish(proc):
-    out, _ = proc.communicate(timeout=TIMEOUT_S)
-    assert proc.returncode == 0, out[-3000:]
-    return out
+    return child_runs.finish(proc, TIMEOUT_S)
 
 
 def metric_lines(path):
@@ -78,7 +65,7 @@ def complete_steps(run_dir):
 
 
 def test_sigkill_anywhere_then_restart_reproduces_the_uninterrupted_run(tmp_path):
-    env = child_env(tmp_path / "jax_cache")
+    env = child_runs.child_env(tmp_path / "jax_cache")
     procs = []
     try:
         reference = start_child(tmp_path / "ref", tmp_path / "ref.txt", env)

@@ -8,11 +8,11 @@ import os
 import pathlib
 import shutil
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
+
+import child_runs
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CHILD = ROOT / "tests" / "rsr_child.py"
@@ -21,28 +21,12 @@ NONDETERMINISTIC = ("rollout_s", "generation_s", "cached", "wall_s", "explore_s"
                     "replay_s", "sft_s")
 
 
-def child_env(cache_dir):
-    env = dict(os.environ)
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=1 "
-                         "--xla_backend_optimization_level=0", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(ROOT), TR_TEST_JAX_CACHE=str(cache_dir))
-    return env
-
-
 def start(run_dir, env):
-    return subprocess.Popen([sys.executable, str(CHILD), "--run_dir", str(run_dir)], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return child_runs.start(CHILD, env, "--run_dir", run_dir)
 
 
 def finish(proc) -> dict:
-    out, _ = proc.communicate(timeout=TIMEOUT_S)
-    assert proc.returncode == 0, out[-4000:]
-    done = [line for line in out.splitlines() if line.startswith("DONE ")]
-    return json.loads(done[-1][5:])
-
-
-def records(path):
-    return [json.loads(x) for x in pathlib.Path(path).read_text().splitlines() if x.strip()]
+    return child_runs.done_json(child_runs.finish(proc, TIMEOUT_S))
 
 
 def deterministic(summary: dict) -> dict:
@@ -55,7 +39,7 @@ def deterministic(summary: dict) -> dict:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     root = tmp_path_factory.mktemp("rsr")
-    env = child_env(root / "jax_cache")
+    env = child_runs.child_env(root / "jax_cache")
     summaries = finish(start(root / "ref", env))
     return root, env, summaries
 
@@ -73,17 +57,17 @@ def test_rsr_rewrites_successes_and_trains_on_plain_prompts(reference):
     assert prompt.startswith("Shell agent in /app.")
 
     # Explore: K = 2 rollouts of 4 tasks; the parent solves some; every success gets a runbook.
-    explored = records(run / "rsr-1" / "explore.jsonl")
+    explored = child_runs.records(run / "rsr-1" / "explore.jsonl")
     assert len(explored) == rsr["explored"] == 8
     successes = [r for r in explored if r["passed"]]
     assert len(successes) == rsr["successes"] > 0
-    entries = records(run / "rsr-1" / "runbooks.jsonl")
+    entries = child_runs.records(run / "rsr-1" / "runbooks.jsonl")
     assert [e["episode_id"] for e in entries] == [r["episode_id"] for r in successes]
     assert all(e["planner"] == "command-list" and e["reviewer"] == "leak-rules" for e in entries)
     assert rsr["runbooks_accepted"] == sum(e["accept"] for e in entries) > 0
 
     # Replay: each distinct accepted runbook M = 2 times, the runbook in the task prompt.
-    replays = records(run / "rsr-1" / "replays.jsonl")
+    replays = child_runs.records(run / "rsr-1" / "replays.jsonl")
     assert len(replays) == 2 * rsr["replayed_runbooks"] == rsr["replays"]
     for r in replays:
         task_id, j = r["task_id"].rsplit("@rb", 1)
@@ -98,10 +82,10 @@ def test_rsr_rewrites_successes_and_trains_on_plain_prompts(reference):
 
     # SFT: epochs x ceil(sequences / batch) updates, metrics per update, val at 0 and the end.
     assert rsr["updates"] == 2 * -(-dataset["sequences"] // 2) > 0
-    lines = records(run / "rsr-1" / "metrics.jsonl")
+    lines = child_runs.records(run / "rsr-1" / "metrics.jsonl")
     assert [x["step"] for x in lines] == list(range(1, rsr["updates"] + 1))
     assert all(x["phase"] == "sft" and x["loss_tokens"] > 0 for x in lines)
-    evals = records(run / "rsr-1" / "eval-val.jsonl")
+    evals = child_runs.records(run / "rsr-1" / "eval-val.jsonl")
     assert [e["step"] for e in evals] == [0, rsr["updates"]]
     assert rsr["retained_step"] in (0, rsr["updates"])
     assert rsr["actor_hash"] != base["actor_hash"]
@@ -131,5 +115,5 @@ def test_sigkill_mid_sft_then_restart_reproduces_the_uninterrupted_run(reference
     got = finish(start(run, env))
     assert deterministic(got["rsr-1"]) == deterministic(want["rsr-1"])
     strip = lambda lines: [{k: v for k, v in x.items()} for x in lines]  # noqa: E731
-    assert strip(records(run / "rsr-1" / "metrics.jsonl")) == strip(
-        records(root / "ref" / "rsr-1" / "metrics.jsonl"))
+    assert strip(child_runs.records(run / "rsr-1" / "metrics.jsonl")) == strip(
+        child_runs.records(root / "ref" / "rsr-1" / "metrics.jsonl"))

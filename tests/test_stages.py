@@ -8,11 +8,11 @@ import math
 import os
 import pathlib
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
+
+import child_runs
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CHILD = ROOT / "tests" / "loop_child.py"
@@ -20,25 +20,12 @@ TIMEOUT_S = 900
 NONDETERMINISTIC = ("rollout_s", "generation_s", "cached")
 
 
-def child_env(cache_dir):
-    env = dict(os.environ)
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=1 "
-                         "--xla_backend_optimization_level=0", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(ROOT), TR_TEST_JAX_CACHE=str(cache_dir))
-    return env
-
-
 def start(run_dir, env):
-    return subprocess.Popen([sys.executable, str(CHILD), "--run_dir", str(run_dir),
-                             "--source", "gym"], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return child_runs.start(CHILD, env, "--run_dir", run_dir, "--source", "gym")
 
 
 def finish(proc) -> dict:
-    out, _ = proc.communicate(timeout=TIMEOUT_S)
-    assert proc.returncode == 0, out[-4000:]
-    done = [line for line in out.splitlines() if line.startswith("DONE ")]
-    return json.loads(done[-1][5:])
+    return child_runs.done_json(child_runs.finish(proc, TIMEOUT_S))
 
 
 def metrics(run_dir, stage):
@@ -70,7 +57,7 @@ def step_hashes(run_dir, stage):
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     root = tmp_path_factory.mktemp("stages")
-    env = child_env(root / "jax_cache")
+    env = child_runs.child_env(root / "jax_cache")
     summaries = finish(start(root / "ref", env))
     return root, env, summaries
 
