@@ -37,6 +37,7 @@ MALFORMED_DIRS = sorted(p for p in MALFORMED.iterdir() if p.is_dir())
         ("tb1-py-inventory", "tb1", "software-engineering", "easy", "pytest", (90.0, 50, 45.0)),
         ("harbor-dedupe-lines", "harbor", "text-processing", "easy", "pytest", (100.0, 50, 40.0)),
         ("tb1-greet-summary", "tb1", "scripting", "easy", "output", (60.0, 50, 30.0)),
+        ("tb1-compose-shelf", "tb1", "text-processing", "easy", "pytest", (100.0, 50, 30.0)),
     ],
 )
 def test_fixture_tasks_load_with_their_metadata(name, layout, family, tier, kind, budgets):
@@ -341,7 +342,7 @@ def test_verifier_command_is_offline_pytest_with_a_junit_report():
 # ---------------------------------------------------------------- end to end, local sandbox
 
 EXTERNAL = ["tb1-word-count", "tb1-fix-config", "harbor-csv-total", "harbor-archive-logs",
-            "tb1-py-inventory", "harbor-dedupe-lines", "tb1-greet-summary"]
+            "tb1-py-inventory", "harbor-dedupe-lines", "tb1-greet-summary", "tb1-compose-shelf"]
 
 
 @pytest.mark.parametrize("name", EXTERNAL + ["tr-count-errors"])
@@ -474,6 +475,23 @@ def _docker_available() -> bool:
         return True
     except Exception:
         return False
+
+
+def test_tb1_compose_service_built_from_a_sub_folder_is_the_task_environment():
+    """TB1's harness builds the one service of docker-compose.yaml (`build: {context: client}`):
+    that Dockerfile, with its own folder as the build context, is the task's environment."""
+    task = load_task(TASKS / "tb1-compose-shelf")
+    assert task.environment.kind == "dockerfile"
+    assert task.environment.dockerfile == TASKS / "tb1-compose-shelf" / "client" / "Dockerfile"
+
+
+@pytest.mark.skipif(not _docker_available(), reason="no Docker daemon on this machine")
+def test_docker_backend_builds_a_compose_services_sub_folder():
+    task = load_task(TASKS / "tb1-compose-shelf")
+    solved, turns = runner.run_task(task, "solution", "docker")
+    assert solved.error is None and solved.strict_pass, (solved.error_detail, solved.log[-2000:])
+    nothing, _ = runner.run_task(task, "none", "docker")
+    assert nothing.error is None and (nothing.matched, nothing.executed) == (1, 2), nothing.log
 
 
 @pytest.mark.skipif(not _docker_available(), reason="no Docker daemon on this machine")

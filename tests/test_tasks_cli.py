@@ -61,9 +61,10 @@ def test_list_prints_family_and_tier_table():
         "tb1-greet-summary": ["scripting", "easy", "tb1"],
         "tb1-fix-config": ["system-administration", "medium", "tb1"],
         "tb1-word-count": ["file-operations", "easy", "tb1"],
+        "tb1-compose-shelf": ["text-processing", "easy", "tb1"],
         "tr-count-errors": ["log-analysis", "easy", "tr"],
     }
-    assert lines[-1] == "8 tasks"
+    assert lines[-1] == "9 tasks"
 
 
 def test_list_defaults_to_the_built_in_suite():
