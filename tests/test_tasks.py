@@ -560,3 +560,20 @@ def test_tests_that_examine_their_own_interpreter_are_noted(tmp_path):
     own = load_task(tmp_path / "tb1-own-python").verifier.note
     assert "test_outputs.py examine the Python that runs the tests" in own, own
     assert "examine the Python" not in load_task(tmp_path / "tb1-plain").verifier.note
+
+
+def test_tests_that_talk_to_a_local_server_say_why_they_fail_here(tmp_path):
+    """A server the agent leaves running is ended with every agent process before the tests:
+    a task whose tests query localhost says so, with the file and port, and what would run it."""
+    for name, body in (("tb1-web", "import urllib.request\n\ndef test_page():\n    urllib.request."
+                                   "urlopen('http://localhost:8080/index.html')\n"),
+                       ("tb1-plain", "def test_file():\n    assert open('/app/x').read()\n")):
+        d = tmp_path / name
+        (d / "tests").mkdir(parents=True)
+        (d / "task.yaml").write_text("instruction: serve /app on port 8080\n")
+        (d / "run-tests.sh").write_text("pytest $TEST_DIR/test_outputs.py -rA\n")
+        (d / "tests" / "test_outputs.py").write_text(body)
+    note = load_task(tmp_path / "tb1-web").verifier.note
+    assert "test_outputs.py (localhost:8080) talk to a local server" in note, note
+    assert "keeps the agent's processes alive" in note
+    assert "local server" not in load_task(tmp_path / "tb1-plain").verifier.note
