@@ -577,3 +577,16 @@ def test_tests_that_talk_to_a_local_server_say_why_they_fail_here(tmp_path):
     assert "test_outputs.py (localhost:8080) talk to a local server" in note, note
     assert "keeps the agent's processes alive" in note
     assert "local server" not in load_task(tmp_path / "tb1-plain").verifier.note
+
+
+def test_test_time_installs_use_the_harness_pip_without_the_cwd():
+    """A test-time `pip install` of what the project lacks runs the harness's pip from its own
+    mount (the verifier's Python cannot import pip) and with -P, so a `pip` package the agent
+    left in the working directory is not what runs."""
+    from tr.envs.tasks import testscript
+
+    text = testscript.rewrite("pip install pytest tr-no-such-dist==1.0\npytest $TEST_DIR/t.py\n",
+                              junit="/logs/verifier/junit.xml").text
+    line = next(ln for ln in text.splitlines() if "tr-no-such-dist" in ln)
+    assert line.startswith('PYTHONPATH="/opt/tr/pip:$PYTHONPATH" "$TR_PYTHON" -P -m pip install'), line
+    assert '--target "$HOME/site" tr-no-such-dist==1.0' in line

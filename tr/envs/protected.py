@@ -59,6 +59,7 @@ from pathlib import Path
 from tr.envs.sandbox import CommandResult, SandboxError
 
 PYTHON_MOUNT = "/opt/tr/python"     # where the project interpreter appears (read-only)
+PIP_MOUNT = "/opt/tr/pip"           # the project's pip, off the verifier's sys.path (read-only)
 FILES_MOUNT = "/opt/tr/verifier"    # harness-owned configuration files (read-only)
 VERIFIER_HOME = "/tmp/.tr-verifier-home"
 # last: `python` -> /usr/bin/python3 where the sandbox has no `python` (python images have one)
@@ -79,6 +80,10 @@ FILES = {
                              "processes.\n",
     "site/usercustomize.py": "# Shadows any usercustomize module of the sandbox in the verifier's "
                              "processes.\n",
+    "no-pip/__init__.py": "# Mounted over the project's pip in the protected verifier's Python "
+                          "(tr.envs.protected).\nraise ImportError(\"pip is not importable in tr's "
+                          "protected verifier: a test that imports it or runs `sys.executable -m "
+                          "pip` would judge the harness's Python, not the sandbox's\")\n",
 }
 # Part of the folder name, so a changed file is never served from an older copy.
 FILES_VERSION = hashlib.sha256(repr((sorted(FILES.items()), sorted(LINKS.items()))).encode()
@@ -173,8 +178,12 @@ def python_mounts(state_dir) -> tuple[str, list[tuple[str, str]]]:
     root, exe, site = host_python()
     rel_exe = os.path.relpath(exe, root)
     version = os.path.basename(exe)
-    binds = [(root, PYTHON_MOUNT), (site, f"{PYTHON_MOUNT}/lib/{version}/site-packages"),
-             (str(verifier_files(state_dir)), FILES_MOUNT)]
+    files = verifier_files(state_dir)
+    site_mount = f"{PYTHON_MOUNT}/lib/{version}/site-packages"
+    binds = [(root, PYTHON_MOUNT), (site, site_mount), (str(files), FILES_MOUNT)]
+    pip = os.path.join(site, "pip")
+    if os.path.isdir(pip):       # after site-packages: bwrap stacks binds in order, Docker by depth
+        binds += [(pip, f"{PIP_MOUNT}/pip"), (str(files / "no-pip"), f"{site_mount}/pip")]
     return f"{PYTHON_MOUNT}/{rel_exe}", binds
 
 

@@ -119,7 +119,9 @@ def pytest_spec_from_script(script: str, script_name: str, tests_dir: Path) -> V
     if inspects:
         note += (f"; {', '.join(inspects)} examine the Python that runs the tests "
                  "(sys.executable / pip): in the protected verifier that is the project's "
-                 "interpreter, not the sandbox's, so they judge the harness, not the agent's work")
+                 "interpreter, not the sandbox's (which is the agent's to fake), and its pip is "
+                 "not importable there, so checks of the sandbox's pip fail for every attempt "
+                 "(Terminal-Bench's harness runs them with the sandbox's own Python, unprotected)")
     servers = local_server_checks(tests_dir, named or all_files)
     if servers:
         note += "; " + server_note(servers)
