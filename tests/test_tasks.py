@@ -38,6 +38,7 @@ MALFORMED_DIRS = sorted(p for p in MALFORMED.iterdir() if p.is_dir())
         ("harbor-dedupe-lines", "harbor", "text-processing", "easy", "pytest", (100.0, 50, 40.0)),
         ("tb1-greet-summary", "tb1", "scripting", "easy", "output", (60.0, 50, 30.0)),
         ("tb1-compose-shelf", "tb1", "text-processing", "easy", "pytest", (100.0, 50, 30.0)),
+        ("tb1-heredoc-rota", "tb1", "text-processing", "easy", "pytest", (100.0, 50, 30.0)),
     ],
 )
 def test_fixture_tasks_load_with_their_metadata(name, layout, family, tier, kind, budgets):
@@ -198,6 +199,10 @@ def test_dockerfiles_needing_docker_say_so_with_the_line(tmp_path, text, needle)
         ("FROM debian:12\nRUN echo \\\n", "ends inside a line continuation"),
         ("FROM debian:12\nCOPY onlyone\n", "needs a source and a destination"),
         ("FROM debian:12\n!!! nonsense\n", "not an instruction"),
+        ("FROM debian:12\nRUN <<EOF\necho never closed\n", "here-document <<EOF is not closed"),
+        ("FROM debian:12\nCOPY <<EOT /app/x.txt\nhome is $HOME\nEOT\n",
+         "variables in an unquoted here-document are not expanded by tr; quote the delimiter"),
+        ("FROM debian:12\nCOPY <<EOT a.txt /app/\nx\nEOT\n", "here-documents takes them as its only sources"),
     ],
 )
 def test_malformed_dockerfiles_are_errors(tmp_path, text, needle):
@@ -342,7 +347,8 @@ def test_verifier_command_is_offline_pytest_with_a_junit_report():
 # ---------------------------------------------------------------- end to end, local sandbox
 
 EXTERNAL = ["tb1-word-count", "tb1-fix-config", "harbor-csv-total", "harbor-archive-logs",
-            "tb1-py-inventory", "harbor-dedupe-lines", "tb1-greet-summary", "tb1-compose-shelf"]
+            "tb1-py-inventory", "harbor-dedupe-lines", "tb1-greet-summary", "tb1-compose-shelf",
+            "tb1-heredoc-rota"]
 
 
 @pytest.mark.parametrize("name", EXTERNAL + ["tr-count-errors"])
@@ -486,12 +492,39 @@ def test_tb1_compose_service_built_from_a_sub_folder_is_the_task_environment():
 
 
 @pytest.mark.skipif(not _docker_available(), reason="no Docker daemon on this machine")
-def test_docker_backend_builds_a_compose_services_sub_folder():
-    task = load_task(TASKS / "tb1-compose-shelf")
+@pytest.mark.parametrize("name", ["tb1-compose-shelf", "tb1-heredoc-rota"])
+def test_docker_backend_builds_compose_sub_folders_and_here_documents(name):
+    """A compose service's sub-folder context, and COPY/RUN here-documents (BuildKit syntax)
+    through the engine's classic builder: the reference passes, the empty attempt passes only
+    the check of the built environment."""
+    task = load_task(TASKS / name)
     solved, turns = runner.run_task(task, "solution", "docker")
     assert solved.error is None and solved.strict_pass, (solved.error_detail, solved.log[-2000:])
     nothing, _ = runner.run_task(task, "none", "docker")
     assert nothing.error is None and (nothing.matched, nothing.executed) == (1, 2), nothing.log
+
+
+def test_here_documents_are_parsed_and_inlined_for_a_classic_builder():
+    """`COPY <<"X" dest`, `COPY <<A <<B dir/` and `RUN <<EOF`: the parser keeps the documents
+    (a `#` line inside one is text, not a comment); inline_heredocs makes them context files and
+    a plain RUN whose script is the document."""
+    import base64
+    import re
+    path = TASKS / "tb1-heredoc-rota" / "Dockerfile"
+    text = path.read_text()
+    copies = [i for i in dfile.parse(text, path) if i.heredocs]
+    assert [(i.keyword, [d for d, _ in i.heredocs]) for i in copies] == [
+        ("COPY", ["ROTA"]), ("RUN", ["EOF"]), ("COPY", ["ONE", "TWO"])]
+    assert "# a line that starts" in copies[0].heredocs[0][1]
+    plain, files = dfile.inline_heredocs(text, path)
+    assert files == {".tr-heredocs/0/ROTA": copies[0].heredocs[0][1],
+                     ".tr-heredocs/1/ONE": "first\n", ".tr-heredocs/1/TWO": "second\n"}
+    assert "COPY .tr-heredocs/1/ONE .tr-heredocs/1/TWO /app/extra/" in plain
+    script = re.search(r'RUN /bin/sh -c "\$\(echo (\S+) \| base64 -d\)"', plain).group(1)
+    assert base64.b64decode(script).decode().startswith("mkdir -p /app/notes\n")
+    assert "<<" not in plain and "thu cy" not in plain
+    step = dfile.plan(path, path.parent).steps[1]
+    assert step.inline == (("ROTA", copies[0].heredocs[0][1]),) and step.dest == "/app/rota.txt"
 
 
 @pytest.mark.skipif(not _docker_available(), reason="no Docker daemon on this machine")
