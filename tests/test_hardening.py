@@ -775,3 +775,55 @@ def test_tests_that_import_pip_judge_no_pip_the_agent_did_not_make(pip_task, bac
                            "test_the_harness_pip_is_at_its_own_path": True}, result.log
         assert not result.strict_pass and result.error is None
         assert box.read_file("/app/answer.txt") == b"41\n", "a planted pip ran in the verifier"
+
+
+# ---------------------------------------------- a project folder's own package (TB1's uv harness)
+
+PROJECT_TESTS = textwrap.dedent("""\
+    def test_project_package():
+        from shelfpkg import answer
+        assert answer() == 42
+
+    def test_answer():
+        assert open("/app/answer.txt").read().strip() == "42"
+    """)
+
+# The workdir is a Python project (TB1's `uv init; uv add pytest` would install it for the
+# tests); next to it, modules that pytest or its plugins import -- lazily or optionally -- each
+# writing 42 if it ever runs.
+PROJECT_AND_DECOYS = r"""
+mkdir -p /app/shelfpkg && printf 'def answer():\n    return 42\n' > /app/shelfpkg/__init__.py
+[ "$1" = with-pyproject ] && printf '[project]\nname = "shelfpkg"\nversion = "0"\n' > /app/pyproject.toml
+for m in _pytest pluggy iniconfig packaging pygments exceptiongroup tomli colorama argcomplete \
+         xdist py attr more_itertools numpy readline sitecustomize usercustomize pytest; do
+  mkdir -p /app/$m && cp /tmp/forge.py /app/$m/__init__.py && cp /tmp/forge.py /app/$m.py
+done
+echo 41 > /app/answer.txt
+"""
+
+
+@pytest.mark.parametrize("pyproject", [True, False], ids=["project", "no-project"])
+def test_a_project_package_reaches_test_imports_only(tmp_path, backend, pyproject):
+    """With a pyproject.toml in the workdir and TB1's uv harness, a test file's `import
+    shelfpkg` finds the workdir's package (as TB1's harness installs it); pytest's own imports
+    never reach the folder, so decoys of its modules there do not run.  Without the project
+    file the package is not importable (TB1 would not install it either)."""
+    d = tmp_path / "tb1-project"
+    (d / "tests").mkdir(parents=True)
+    (d / "task.yaml").write_text("instruction: Write 42 to /app/answer.txt.\n"
+                                 "difficulty: easy\ncategory: hardening\n"
+                                 "max_test_timeout_sec: 120\n")
+    (d / "solution.sh").write_text("echo 42 > /app/answer.txt\n")
+    (d / "run-tests.sh").write_text(TB1_RUN_TESTS)
+    (d / "tests" / "test_outputs.py").write_text(PROJECT_TESTS)
+    task = load_task(d)
+    config = sandbox_config(task, backend, SandboxConfig(**SMALL))
+    with make_sandbox(backend, config) as box:
+        prepare(task, box)
+        box.write_file("/tmp/forge.py", PY_PAYLOAD)
+        box.write_file("/tmp/decoys.sh", PROJECT_AND_DECOYS)
+        agent(box, f"bash /tmp/decoys.sh {'with-pyproject' if pyproject else 'plain'}")
+        result = verdict(box, task)
+        outcome = {c.name: c.passed for c in result.checks}
+        assert outcome == {"test_project_package": pyproject, "test_answer": False}, result.log
+        assert box.read_file("/app/answer.txt") == b"41\n", f"a decoy ran:\n{result.log}"

@@ -37,6 +37,7 @@ _UV_INSTALL = re.compile(r"(astral\.sh/uv|install\.python-poetry|pip3?\s+install
 _UV_ENV = re.compile(r"^\s*(source|\.)\s+\$\{?HOME\}?/\.(local|cargo)/bin/env\b")
 _SETUP_SCRIPT = re.compile(r"^\s*(source|\.|bash|sh)\s+\S*setup-uv-pytest\.sh\b")
 _RUN_SCRIPT = re.compile(r"^\s*(bash|sh|source|\.)\s+\S*run-uv-pytest\.sh\b(.*)$")
+_UV_PROJECT = re.compile(r"^\s*uv\s+(init|add|sync|run)\b")
 _UV_VENV = re.compile(r"^\s*uv\s+(venv|init)\b\s*(\S*)")
 _ACTIVATE = re.compile(r"^\s*(source|\.)\s+(\S+)/bin/activate\s*$")
 _APT = re.compile(r"^\s*(sudo\s+)?apt(-get)?\s+(-\S+\s+)*(install|update)\b(.*)$")
@@ -184,5 +185,11 @@ def rewrite(script: str, *, junit: str, run_uv_pytest: str | None = None,
         ran = ran or hit
         out.append(new)
     head = 'export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$HOME/site"\n' if _top else ""
+    if _top and any(_SETUP_SCRIPT.match(ln) or _UV_PROJECT.match(ln) for ln in lines):
+        # TB1's harness (`uv init; uv add pytest` in the workdir) installs a project folder's
+        # own package into its test env: the tests may import it (TR_PROJECT_DIR, see
+        # tr.envs.protected's sitecustomize: served to imports of test files only)
+        head += ('if [ -f pyproject.toml ] || [ -f setup.py ]; then export TR_PROJECT_DIR="$PWD"; '
+                 'fi  # tr: the workdir is a Python project\n')
     text = head + "\n".join(out) + "\n"
     return Rewritten(text=text, notes=tuple(notes), runs_pytest=ran)
