@@ -4,6 +4,8 @@ solution and the empty attempt, through `python -m tr.envs.tasks verify --json`.
     python bench/real_tasks.py DIR... [--backend docker] [--out results.jsonl] [--jobs 1]
                                       [--timeout-s 1200]
 
+`--timeout-s` per `verify` call, raised to the task's agent + test budgets + 900 s (its build).
+
 A DIR is a task folder or a folder of task folders.  Per task: `--attempt solution` (offline, as
 tr runs agents; when it fails and a turn or the tests could not reach a host, again with
 `--network`, as TB1's harness gives its agents the network), then `--attempt none` (must fail).
@@ -27,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from tr.envs.tasks import loader  # noqa: E402
 
+BUILD_ALLOWANCE_S = 900.0      # an image build of a few hundred packages on shared cores
 _UNREACHABLE = re.compile(r"could not reach|Could not resolve|Temporary failure (in name resolution|resolving)|"
                           r"Network is unreachable|Failed to establish a new connection")
 
@@ -85,6 +88,10 @@ def try_task(task_dir: Path, backend: str, timeout_s: float) -> dict:
     except Exception as exc:  # pylint: disable=broad-except
         return {"task": task_dir.name, "layout": "?", "reference": "invalid", "none": "-",
                 "reason": str(exc)[:300]}
+    # never below the task's own budgets (agent + tests) plus a build allowance: a task that may
+    # run for 30 minutes is not a failure at 20
+    timeout_s = max(timeout_s, task.budgets.agent_timeout_s + task.budgets.verifier_timeout_s
+                    + BUILD_ALLOWANCE_S)
     ref = _verify(task_dir, "solution", backend, False, timeout_s)
     network = False
     if not ref.get("strict_pass") and _UNREACHABLE.search(json.dumps(ref)):

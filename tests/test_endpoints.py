@@ -134,7 +134,40 @@ def test_urls_contexts_and_bad_names(tmp_path, monkeypatch):
         docker_endpoints(config)
     config = experiment.get_config("quick").eval
     config.docker_endpoints = (SOCKET,)
-    with pytest.raises(ConfigError, match="needs config.eval.backend = 'docker'"):
+    with pytest.raises(ConfigError, match=r"needs a backend with engine endpoints .*'local' backend has none"):
+        docker_endpoints(config)
+
+
+def test_eval_endpoints_ask_the_backend_object_not_its_name():
+    """config.eval.docker_endpoints is accepted for any backend whose object says it has engine
+    endpoints (a third backend, known by a name that is not 'docker'), refused for one that has
+    none, and an unknown backend name is a ConfigError naming the field."""
+    import importlib.util
+    from tr.envs.backends import Backend, get_backend
+    from tr.stages.evaluate import docker_endpoints
+    from tr.stages.registry import ConfigError
+
+    class Engines(Backend):
+        name, endpoints = "engines_for_eval_test", True
+
+    class NoEngines(Backend):
+        name = "no_engines_for_eval_test"
+
+    get_backend(Engines())
+    get_backend(NoEngines())
+    path = os.path.join(os.path.dirname(__file__), "..", "experiments", "evaluate.py")
+    spec = importlib.util.spec_from_file_location("experiment_evaluate", path)
+    experiment = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(experiment)
+    config = experiment.get_config("quick").eval
+    config.docker_endpoints = (SOCKET,)
+    config.backend = "engines_for_eval_test"
+    assert docker_endpoints(config) == (SOCKET,)
+    config.backend = "no_engines_for_eval_test"
+    with pytest.raises(ConfigError, match=r"'no_engines_for_eval_test' backend has none"):
+        docker_endpoints(config)
+    config.backend = "no.such.backend"
+    with pytest.raises(ConfigError, match=r"config.eval.backend = 'no.such.backend': unknown backend"):
         docker_endpoints(config)
 
 

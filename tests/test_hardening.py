@@ -717,3 +717,113 @@ def test_tb1_run_tests_path_passes_an_honest_answer(tb1_box, tb1_task):
     agent(tb1_box, "echo 42 > /app/answer.txt")
     result = verdict(tb1_box, tb1_task)
     assert result.strict_pass and result.error is None, result.log
+
+
+# ------------------------------------------------------- tests that judge "their own" Python
+
+# A test of the kind TB1's broken-python task has: it judges the interpreter that runs it
+# (`import pip`).  Under the protected verifier that is the project's Python, whose pip the agent
+# never touched -- so pip is not importable there, and an empty attempt cannot pass such a check.
+# The harness's own pip (test-time installs) stays reachable at /opt/tr/pip.
+PIP_TESTS = textwrap.dedent("""\
+    import os
+    import subprocess
+    import sys
+
+    def test_pip_imports():
+        import pip
+        assert pip.__file__
+
+    def test_the_harness_pip_is_at_its_own_path():
+        # as testscript.rewrite runs it: -P keeps the cwd (the agent's /app) off sys.path
+        env = {**os.environ, "PYTHONPATH": "/opt/tr/pip:" + os.environ["PYTHONPATH"]}
+        r = subprocess.run([sys.executable, "-P", "-m", "pip", "--version"], env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and r.stdout.startswith("pip "), r.stderr
+    """)
+
+PLANT_PIP = r"""
+for d in /app /tmp /root /root/.local/lib/python3.{9,10,11,12,13,14}/site-packages \
+         /usr/lib/python3/dist-packages /usr/local/lib/python3.{9,10,11,12,13,14}/site-packages \
+         /usr/lib/python3.{9,10,11,12,13,14} /logs/verifier /opt/tr /opt/tr/pip; do
+  mkdir -p $d/pip 2>/dev/null && cp /tmp/forge.py $d/pip/__init__.py 2>/dev/null
+done
+echo 'import sys; sys.path.insert(0, "/app")' > /app/sitecustomize.py
+true
+"""
+
+
+@pytest.fixture(scope="session")
+def pip_task(tmp_path_factory):
+    return make_task(tmp_path_factory.mktemp("hardening-pip"), "own-pip", PIP_TESTS,
+                     timeout_s=180)
+
+
+@pytest.mark.parametrize("plant", [False, True], ids=["empty-attempt", "planted-pip"])
+def test_tests_that_import_pip_judge_no_pip_the_agent_did_not_make(pip_task, backend, plant):
+    """`import pip` fails in the verifier's Python (its pip is mounted away), whatever pip the
+    agent plants where it can write; the harness's pip still runs from /opt/tr/pip."""
+    config = sandbox_config(pip_task, backend, SandboxConfig(**SMALL))
+    with make_sandbox(backend, config) as box:
+        prepare(pip_task, box, backend)
+        if plant:
+            box.write_file("/tmp/forge.py", PY_PAYLOAD)
+            agent(box, PLANT_PIP)
+        result = verdict(box, pip_task)
+        outcome = {c.name: c.passed for c in result.checks}
+        assert outcome == {"test_pip_imports": False,
+                           "test_the_harness_pip_is_at_its_own_path": True}, result.log
+        assert not result.strict_pass and result.error is None
+        assert box.read_file("/app/answer.txt") == b"41\n", "a planted pip ran in the verifier"
+
+
+# ---------------------------------------------- a project folder's own package (TB1's uv harness)
+
+PROJECT_TESTS = textwrap.dedent("""\
+    def test_project_package():
+        from shelfpkg import answer
+        assert answer() == 42
+
+    def test_answer():
+        assert open("/app/answer.txt").read().strip() == "42"
+    """)
+
+# The workdir is a Python project (TB1's `uv init; uv add pytest` would install it for the
+# tests); next to it, modules that pytest or its plugins import -- lazily or optionally -- each
+# writing 42 if it ever runs.
+PROJECT_AND_DECOYS = r"""
+mkdir -p /app/shelfpkg && printf 'def answer():\n    return 42\n' > /app/shelfpkg/__init__.py
+[ "$1" = with-pyproject ] && printf '[project]\nname = "shelfpkg"\nversion = "0"\n' > /app/pyproject.toml
+for m in _pytest pluggy iniconfig packaging pygments exceptiongroup tomli colorama argcomplete \
+         xdist py attr more_itertools numpy readline sitecustomize usercustomize pytest; do
+  mkdir -p /app/$m && cp /tmp/forge.py /app/$m/__init__.py && cp /tmp/forge.py /app/$m.py
+done
+echo 41 > /app/answer.txt
+"""
+
+
+@pytest.mark.parametrize("pyproject", [True, False], ids=["project", "no-project"])
+def test_a_project_package_reaches_test_imports_only(tmp_path, backend, pyproject):
+    """With a pyproject.toml in the workdir and TB1's uv harness, a test file's `import
+    shelfpkg` finds the workdir's package (as TB1's harness installs it); pytest's own imports
+    never reach the folder, so decoys of its modules there do not run.  Without the project
+    file the package is not importable (TB1 would not install it either)."""
+    d = tmp_path / "tb1-project"
+    (d / "tests").mkdir(parents=True)
+    (d / "task.yaml").write_text("instruction: Write 42 to /app/answer.txt.\n"
+                                 "difficulty: easy\ncategory: hardening\n"
+                                 "max_test_timeout_sec: 120\n")
+    (d / "solution.sh").write_text("echo 42 > /app/answer.txt\n")
+    (d / "run-tests.sh").write_text(TB1_RUN_TESTS)
+    (d / "tests" / "test_outputs.py").write_text(PROJECT_TESTS)
+    task = load_task(d)
+    config = sandbox_config(task, backend, SandboxConfig(**SMALL))
+    with make_sandbox(backend, config) as box:
+        prepare(task, box)
+        box.write_file("/tmp/forge.py", PY_PAYLOAD)
+        box.write_file("/tmp/decoys.sh", PROJECT_AND_DECOYS)
+        agent(box, f"bash /tmp/decoys.sh {'with-pyproject' if pyproject else 'plain'}")
+        result = verdict(box, task)
+        outcome = {c.name: c.passed for c in result.checks}
+        assert outcome == {"test_project_package": pyproject, "test_answer": False}, result.log
+        assert box.read_file("/app/answer.txt") == b"41\n", f"a decoy ran:\n{result.log}"

@@ -37,6 +37,8 @@ MALFORMED_DIRS = sorted(p for p in MALFORMED.iterdir() if p.is_dir())
         ("tb1-py-inventory", "tb1", "software-engineering", "easy", "pytest", (90.0, 50, 45.0)),
         ("harbor-dedupe-lines", "harbor", "text-processing", "easy", "pytest", (100.0, 50, 40.0)),
         ("tb1-greet-summary", "tb1", "scripting", "easy", "output", (60.0, 50, 30.0)),
+        ("tb1-compose-shelf", "tb1", "text-processing", "easy", "pytest", (100.0, 50, 30.0)),
+        ("tb1-heredoc-rota", "tb1", "text-processing", "easy", "pytest", (100.0, 50, 30.0)),
     ],
 )
 def test_fixture_tasks_load_with_their_metadata(name, layout, family, tier, kind, budgets):
@@ -197,6 +199,10 @@ def test_dockerfiles_needing_docker_say_so_with_the_line(tmp_path, text, needle)
         ("FROM debian:12\nRUN echo \\\n", "ends inside a line continuation"),
         ("FROM debian:12\nCOPY onlyone\n", "needs a source and a destination"),
         ("FROM debian:12\n!!! nonsense\n", "not an instruction"),
+        ("FROM debian:12\nRUN <<EOF\necho never closed\n", "here-document <<EOF is not closed"),
+        ("FROM debian:12\nCOPY <<EOT /app/x.txt\nhome is $HOME\nEOT\n",
+         "variables in an unquoted here-document are not expanded by tr; quote the delimiter"),
+        ("FROM debian:12\nCOPY <<EOT a.txt /app/\nx\nEOT\n", "here-documents takes them as its only sources"),
     ],
 )
 def test_malformed_dockerfiles_are_errors(tmp_path, text, needle):
@@ -341,7 +347,8 @@ def test_verifier_command_is_offline_pytest_with_a_junit_report():
 # ---------------------------------------------------------------- end to end, local sandbox
 
 EXTERNAL = ["tb1-word-count", "tb1-fix-config", "harbor-csv-total", "harbor-archive-logs",
-            "tb1-py-inventory", "harbor-dedupe-lines", "tb1-greet-summary"]
+            "tb1-py-inventory", "harbor-dedupe-lines", "tb1-greet-summary", "tb1-compose-shelf",
+            "tb1-heredoc-rota"]
 
 
 @pytest.mark.parametrize("name", EXTERNAL + ["tr-count-errors"])
@@ -476,6 +483,50 @@ def _docker_available() -> bool:
         return False
 
 
+def test_tb1_compose_service_built_from_a_sub_folder_is_the_task_environment():
+    """TB1's harness builds the one service of docker-compose.yaml (`build: {context: client}`):
+    that Dockerfile, with its own folder as the build context, is the task's environment."""
+    task = load_task(TASKS / "tb1-compose-shelf")
+    assert task.environment.kind == "dockerfile"
+    assert task.environment.dockerfile == TASKS / "tb1-compose-shelf" / "client" / "Dockerfile"
+
+
+@pytest.mark.skipif(not _docker_available(), reason="no Docker daemon on this machine")
+@pytest.mark.parametrize("name", ["tb1-compose-shelf", "tb1-heredoc-rota"])
+def test_docker_backend_builds_compose_sub_folders_and_here_documents(name):
+    """A compose service's sub-folder context, and COPY/RUN here-documents (BuildKit syntax)
+    through the engine's classic builder: the reference passes, the empty attempt passes only
+    the check of the built environment."""
+    task = load_task(TASKS / name)
+    solved, turns = runner.run_task(task, "solution", "docker")
+    assert solved.error is None and solved.strict_pass, (solved.error_detail, solved.log[-2000:])
+    nothing, _ = runner.run_task(task, "none", "docker")
+    assert nothing.error is None and (nothing.matched, nothing.executed) == (1, 2), nothing.log
+
+
+def test_here_documents_are_parsed_and_inlined_for_a_classic_builder():
+    """`COPY <<"X" dest`, `COPY <<A <<B dir/` and `RUN <<EOF`: the parser keeps the documents
+    (a `#` line inside one is text, not a comment); inline_heredocs makes them context files and
+    a plain RUN whose script is the document."""
+    import base64
+    import re
+    path = TASKS / "tb1-heredoc-rota" / "Dockerfile"
+    text = path.read_text()
+    copies = [i for i in dfile.parse(text, path) if i.heredocs]
+    assert [(i.keyword, [d for d, _ in i.heredocs]) for i in copies] == [
+        ("COPY", ["ROTA"]), ("RUN", ["EOF"]), ("COPY", ["ONE", "TWO"])]
+    assert "# a line that starts" in copies[0].heredocs[0][1]
+    plain, files = dfile.inline_heredocs(text, path)
+    assert files == {".tr-heredocs/0/ROTA": copies[0].heredocs[0][1],
+                     ".tr-heredocs/1/ONE": "first\n", ".tr-heredocs/1/TWO": "second\n"}
+    assert "COPY .tr-heredocs/1/ONE .tr-heredocs/1/TWO /app/extra/" in plain
+    script = re.search(r'RUN /bin/sh -c "\$\(echo (\S+) \| base64 -d\)"', plain).group(1)
+    assert base64.b64decode(script).decode().startswith("mkdir -p /app/notes\n")
+    assert "<<" not in plain and "thu cy" not in plain
+    step = dfile.plan(path, path.parent).steps[1]
+    assert step.inline == (("ROTA", copies[0].heredocs[0][1]),) and step.dest == "/app/rota.txt"
+
+
 @pytest.mark.skipif(not _docker_available(), reason="no Docker daemon on this machine")
 def test_docker_backend_builds_the_dockerfile_and_agrees_with_local():
     """The same TB1 task (ARG/ENV/RUN steps) built by Docker and carried out locally."""
@@ -542,3 +593,33 @@ def test_tests_that_examine_their_own_interpreter_are_noted(tmp_path):
     own = load_task(tmp_path / "tb1-own-python").verifier.note
     assert "test_outputs.py examine the Python that runs the tests" in own, own
     assert "examine the Python" not in load_task(tmp_path / "tb1-plain").verifier.note
+
+
+def test_tests_that_talk_to_a_local_server_say_why_they_fail_here(tmp_path):
+    """A server the agent leaves running is ended with every agent process before the tests:
+    a task whose tests query localhost says so, with the file and port, and what would run it."""
+    for name, body in (("tb1-web", "import urllib.request\n\ndef test_page():\n    urllib.request."
+                                   "urlopen('http://localhost:8080/index.html')\n"),
+                       ("tb1-plain", "def test_file():\n    assert open('/app/x').read()\n")):
+        d = tmp_path / name
+        (d / "tests").mkdir(parents=True)
+        (d / "task.yaml").write_text("instruction: serve /app on port 8080\n")
+        (d / "run-tests.sh").write_text("pytest $TEST_DIR/test_outputs.py -rA\n")
+        (d / "tests" / "test_outputs.py").write_text(body)
+    note = load_task(tmp_path / "tb1-web").verifier.note
+    assert "test_outputs.py (localhost:8080) talk to a local server" in note, note
+    assert "keeps the agent's processes alive" in note
+    assert "local server" not in load_task(tmp_path / "tb1-plain").verifier.note
+
+
+def test_test_time_installs_use_the_harness_pip_without_the_cwd():
+    """A test-time `pip install` of what the project lacks runs the harness's pip from its own
+    mount (the verifier's Python cannot import pip) and with -P, so a `pip` package the agent
+    left in the working directory is not what runs."""
+    from tr.envs.tasks import testscript
+
+    text = testscript.rewrite("pip install pytest tr-no-such-dist==1.0\npytest $TEST_DIR/t.py\n",
+                              junit="/logs/verifier/junit.xml").text
+    line = next(ln for ln in text.splitlines() if "tr-no-such-dist" in ln)
+    assert line.startswith('PYTHONPATH="/opt/tr/pip:$PYTHONPATH" "$TR_PYTHON" -P -m pip install'), line
+    assert '--target "$HOME/site" tr-no-such-dist==1.0' in line

@@ -25,7 +25,7 @@ def assert_no_traceback(proc):
 def test_validate_good_tasks_exits_zero():
     proc = cli("validate", TASKS)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "8 valid, 0 invalid" in proc.stdout
+    assert "10 valid, 0 invalid" in proc.stdout
     assert "installs pytest over the network" in proc.stdout  # the offline replacement is noted
 
 
@@ -61,9 +61,11 @@ def test_list_prints_family_and_tier_table():
         "tb1-greet-summary": ["scripting", "easy", "tb1"],
         "tb1-fix-config": ["system-administration", "medium", "tb1"],
         "tb1-word-count": ["file-operations", "easy", "tb1"],
+        "tb1-compose-shelf": ["text-processing", "easy", "tb1"],
+        "tb1-heredoc-rota": ["text-processing", "easy", "tb1"],
         "tr-count-errors": ["log-analysis", "easy", "tr"],
     }
-    assert lines[-1] == "8 tasks"
+    assert lines[-1] == "10 tasks"
 
 
 def test_list_defaults_to_the_built_in_suite():

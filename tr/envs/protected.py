@@ -59,6 +59,7 @@ from pathlib import Path
 from tr.envs.sandbox import CommandResult, SandboxError
 
 PYTHON_MOUNT = "/opt/tr/python"     # where the project interpreter appears (read-only)
+PIP_MOUNT = "/opt/tr/pip"           # the project's pip, off the verifier's sys.path (read-only)
 FILES_MOUNT = "/opt/tr/verifier"    # harness-owned configuration files (read-only)
 VERIFIER_HOME = "/tmp/.tr-verifier-home"
 # last: `python` -> /usr/bin/python3 where the sandbox has no `python` (python images have one)
@@ -67,6 +68,41 @@ TESTS_MOUNT = "/tests"
 RESULTS_DIR = "/logs/verifier"
 CHECKRUN = f"{FILES_MOUNT}/checkrun.py"   # the stdlib check runner (tr/envs/checkrun.py)
 LINKS = {"bin/python": "/usr/bin/python3"}   # harness-owned links in FILES_MOUNT
+# TB1's harness installs a project folder's own package into its test env (`uv init; uv add`
+# in the workdir).  When the verifier's script says so (TR_PROJECT_DIR, set by
+# tr.envs.tasks.testscript), a top-level module found nowhere else is looked up there -- but only
+# for an import written in a test file (under $TEST_DIR): the tests mean to run that code (the
+# exposure of tests importing the agent's code); pytest's own imports never reach the folder.
+PROJECT_FINDER = """
+import os as _os
+import sys as _sys
+
+
+def _tr_project_finder():
+    root, tests = _os.environ.get("TR_PROJECT_DIR"), _os.environ.get("TEST_DIR", "/tests")
+    if not root:
+        return
+    from importlib.machinery import PathFinder
+
+    class ProjectFinder:
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if path is not None or "." in name:
+                return None
+            frame = _sys._getframe(1)
+            while frame is not None and frame.f_code.co_filename.startswith(("<frozen", "<")):
+                frame = frame.f_back
+            if frame is None or not frame.f_code.co_filename.startswith(tests.rstrip("/") + "/"):
+                return None
+            return PathFinder.find_spec(name, [root])
+
+    _sys.meta_path.append(ProjectFinder)
+
+
+_tr_project_finder()
+del _tr_project_finder
+"""
+
 # The harness-owned files mounted at FILES_MOUNT (see the module doc).
 FILES = {
     "checkrun.py": (Path(__file__).resolve().parent / "checkrun.py").read_text(),
@@ -76,9 +112,13 @@ FILES = {
                    "# no providers or engines loaded from files.\n",
     "gitconfig": "# The protected verifier's system-wide git configuration: empty.\n",
     "site/sitecustomize.py": "# Shadows any sitecustomize module of the sandbox in the verifier's "
-                             "processes.\n",
+                             "processes.\n" + PROJECT_FINDER,
     "site/usercustomize.py": "# Shadows any usercustomize module of the sandbox in the verifier's "
                              "processes.\n",
+    "no-pip/__init__.py": "# Mounted over the project's pip in the protected verifier's Python "
+                          "(tr.envs.protected).\nraise ImportError(\"pip is not importable in tr's "
+                          "protected verifier: a test that imports it or runs `sys.executable -m "
+                          "pip` would judge the harness's Python, not the sandbox's\")\n",
 }
 # Part of the folder name, so a changed file is never served from an older copy.
 FILES_VERSION = hashlib.sha256(repr((sorted(FILES.items()), sorted(LINKS.items()))).encode()
@@ -173,8 +213,12 @@ def python_mounts(state_dir) -> tuple[str, list[tuple[str, str]]]:
     root, exe, site = host_python()
     rel_exe = os.path.relpath(exe, root)
     version = os.path.basename(exe)
-    binds = [(root, PYTHON_MOUNT), (site, f"{PYTHON_MOUNT}/lib/{version}/site-packages"),
-             (str(verifier_files(state_dir)), FILES_MOUNT)]
+    files = verifier_files(state_dir)
+    site_mount = f"{PYTHON_MOUNT}/lib/{version}/site-packages"
+    binds = [(root, PYTHON_MOUNT), (site, site_mount), (str(files), FILES_MOUNT)]
+    pip = os.path.join(site, "pip")
+    if os.path.isdir(pip):       # after site-packages: bwrap stacks binds in order, Docker by depth
+        binds += [(pip, f"{PIP_MOUNT}/pip"), (str(files / "no-pip"), f"{site_mount}/pip")]
     return f"{PYTHON_MOUNT}/{rel_exe}", binds
 
 

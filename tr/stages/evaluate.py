@@ -30,13 +30,19 @@ def select_tasks(suite: str, task_ids):
 
 def docker_endpoints(settings) -> tuple[str, ...]:
     """``config.eval.docker_endpoints``, checked: each a Docker URL or a docker context name, and
-    only with the docker backend."""
+    only with a backend whose sandboxes can be placed on engines (``Backend.endpoints``)."""
     endpoints = tuple(settings.get("docker_endpoints", ()) or ())
     if not endpoints:
         return ()
-    if settings.backend != "docker":
-        raise ConfigError(f"config.eval.docker_endpoints = {endpoints!r} needs "
-                          f"config.eval.backend = 'docker' (it is {settings.backend!r})")
+    from tr.envs.backends import get_backend
+    try:
+        backend = get_backend(settings.backend)
+    except ValueError as error:
+        raise ConfigError(f"config.eval.backend = {settings.backend!r}: {error}") from None
+    if not backend.endpoints:
+        raise ConfigError(f"config.eval.docker_endpoints = {endpoints!r} needs a backend with "
+                          f"engine endpoints (config.eval.backend = 'docker'); the "
+                          f"{backend.name!r} backend has none")
     from tr.envs.endpoints import resolve_endpoint
     for endpoint in endpoints:
         try:

@@ -332,15 +332,21 @@ def _multi_source_copy(line: str) -> str:
     return line
 
 
-def _rewrite(client, dockerfile: Path, log, notes: list) -> tuple[str, list[str]]:
-    """The Dockerfile as built: FROMs resolved (see build_task_image); in stand-in stages a
-    t-bench image's ``WORKDIR /app`` and Debian package names.  Returns (text, stand-in images)."""
+def _rewrite(client, dockerfile: Path, log, notes: list,
+             files: dict | None = None) -> tuple[str, list[str]]:
+    """The Dockerfile as built: here-documents made context files / plain RUNs (the engine API's
+    classic builder has no BuildKit; their files go to ``files``), FROMs resolved (see
+    build_task_image); in stand-in stages a t-bench image's ``WORKDIR /app`` and Debian package
+    names.  Returns (text, stand-in images)."""
     from tr.envs.images import debian
+    from tr.envs.tasks.dockerfile import inline_heredocs
     stages: set[str] = set()
     replaced: list[str] = []
     standin_stage = False
     out = []
-    text = dockerfile.read_text()
+    text, docs = inline_heredocs(dockerfile.read_text(), dockerfile)
+    if files is not None:
+        files.update(docs)
     for line in text.splitlines():
         m = re.match(r"^(\s*FROM\s+)(?:--platform=\S+\s+)?(\S+)(.*)$", line, re.IGNORECASE)
         if m:
@@ -391,22 +397,32 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 def _build_task(client, dockerfile: Path, context: Path, log: Callable[[str], None], notes: list,
                 network: bool = True, timeout_s: float = 3600.0) -> str:
-    text, replaced = _rewrite(client, dockerfile, log, notes)
+    docs: dict[str, str] = {}
+    text, replaced = _rewrite(client, dockerfile, log, notes, docs)
     h = hashlib.sha256(text.encode())
     for p in sorted(context.rglob("*")):
         if p.is_file():
             h.update(str(p.relative_to(context)).encode())
             h.update(p.read_bytes())
+    for rel, body in sorted(docs.items()):
+        h.update(rel.encode())
+        h.update(body.encode())
     tag = f"{TASK_REPO}:{h.hexdigest()[:12]}"
     if _image_exists(client, tag):
         return tag
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         tar.add(str(context), arcname=".")
-        data = text.encode()
-        info = tarfile.TarInfo(".tr.Dockerfile")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
+        for folder in sorted({str(Path(rel).parents[i]) for rel in docs
+                              for i in range(len(Path(rel).parents) - 1)}):
+            info = tarfile.TarInfo(folder)
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(info)
+        for name, body in [(".tr.Dockerfile", text), *sorted(docs.items())]:
+            data = body.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
     buf.seek(0)
     modes = [os.environ["TR_BUILD_NETWORK"]] if os.environ.get("TR_BUILD_NETWORK") else (
         (["host"] if _BRIDGE_BROKEN else ["default", "host"]) if network else ["none"])

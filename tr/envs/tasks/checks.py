@@ -57,6 +57,37 @@ def own_interpreter_checks(tests_dir: Path, files) -> list[str]:
     return found
 
 
+_LOCAL_SERVER = re.compile(r"\b(?:localhost|127\.0\.0\.1|0\.0\.0\.0)(?::(\d{2,5}))?\b")
+
+
+def local_server_checks(tests_dir: Path, files) -> dict[str, list[str]]:
+    """The test files that talk to a server on the sandbox's own host (``localhost``,
+    ``127.0.0.1``), with the ports they name: {file: ["localhost:8080", ...]}.  Under the
+    protected verifier a server the *agent* left running is gone (every agent process ends
+    before the tests), unlike Terminal-Bench's harness, which keeps them."""
+    found: dict[str, list[str]] = {}
+    for rel in files:
+        try:
+            text = (tests_dir / rel).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        hits = [m.group(0) for m in _LOCAL_SERVER.finditer(text)]
+        if hits:
+            found[rel] = sorted(set(hits), key=hits.index)[:4]
+    return found
+
+
+def server_note(found: dict[str, list[str]]) -> str:
+    """One line for :func:`local_server_checks`' finding: why such checks fail under tr and what
+    would make them run."""
+    where = ", ".join(f"{rel} ({', '.join(hosts)})" for rel, hosts in found.items())
+    return (f"{where} talk to a local server: one the agent started and left running is gone "
+            "when the tests run (the protected verifier ends every agent process first, so none "
+            "can change the tests or their results), so those checks fail here by design; they "
+            "run under a harness that keeps the agent's processes alive (Terminal-Bench's own, "
+            "unprotected)")
+
+
 def pytest_spec_from_script(script: str, script_name: str, tests_dir: Path) -> VerifierSpec:
     """The script run as written, pytest served by the project (tr.envs.tasks.testscript).
 
@@ -88,7 +119,12 @@ def pytest_spec_from_script(script: str, script_name: str, tests_dir: Path) -> V
     if inspects:
         note += (f"; {', '.join(inspects)} examine the Python that runs the tests "
                  "(sys.executable / pip): in the protected verifier that is the project's "
-                 "interpreter, not the sandbox's, so they judge the harness, not the agent's work")
+                 "interpreter, not the sandbox's (which is the agent's to fake), and its pip is "
+                 "not importable there, so checks of the sandbox's pip fail for every attempt "
+                 "(Terminal-Bench's harness runs them with the sandbox's own Python, unprotected)")
+    servers = local_server_checks(tests_dir, named or all_files)
+    if servers:
+        note += "; " + server_note(servers)
     return VerifierSpec(kind="pytest", test_files=tuple(named or all_files), note=note,
                         script_text=done.text)
 

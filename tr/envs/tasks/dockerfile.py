@@ -68,6 +68,11 @@ class Instruction:
     keyword: str  # upper case
     args: str  # the rest of the (joined) line
     text: str  # the original logical line
+    heredocs: tuple[tuple[str, str], ...] = ()  # (delimiter, body) of `<<EOF` documents, in order
+
+
+# A here-document opener in a RUN/COPY/ADD line (Dockerfile 1.4 syntax): <<EOF, <<-EOF, <<"EOF"
+HEREDOC = re.compile(r"<<(-?)([\"']?)([A-Za-z_][A-Za-z0-9_]*)\2")
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,7 @@ class CopyStep:
     dest: str  # absolute sandbox path
     dest_is_dir: bool
     chmod: int | None = None
+    inline: tuple[tuple[str, str], ...] = ()  # here-documents: (file name, text)
 
 
 @dataclass(frozen=True)
@@ -101,7 +107,12 @@ def parse(text: str, path: Path | str = "Dockerfile") -> list[Instruction]:
     instructions = []
     pending: list[str] = []
     start = 0
-    for lineno, raw in enumerate(text.splitlines(), start=1):
+    lines = text.splitlines()
+    index = 0
+    while index < len(lines):
+        raw = lines[index]
+        index += 1
+        lineno = index
         stripped = raw.strip()
         if not pending and (not stripped or stripped.startswith("#")):
             continue
@@ -120,7 +131,22 @@ def parse(text: str, path: Path | str = "Dockerfile") -> list[Instruction]:
         keyword, _, args = logical.partition(" ")
         if not re.fullmatch(r"[A-Za-z]+", keyword):
             raise DockerfileError(path, start, f"not an instruction: {logical[:80]!r}")
-        instructions.append(Instruction(start, keyword.upper(), args.strip(), logical))
+        docs = []
+        if keyword.upper() in ("RUN", "COPY", "ADD"):
+            for m in HEREDOC.finditer(args):
+                body = []
+                while True:
+                    if index >= len(lines):
+                        raise DockerfileError(path, start, f"here-document <<{m.group(3)} is not "
+                                              f"closed (no line {m.group(3)!r})")
+                    line = lines[index]
+                    index += 1
+                    if (line.lstrip("\t") if m.group(1) else line) == m.group(3):
+                        break
+                    body.append(line.lstrip("\t") if m.group(1) else line)
+                docs.append((m.group(3), "".join(b + "\n" for b in body)))
+        instructions.append(Instruction(start, keyword.upper(), args.strip(), logical,
+                                        tuple(docs)))
     if pending:
         raise DockerfileError(path, start, "the file ends inside a line continuation (\\)")
     if not instructions:
@@ -220,6 +246,8 @@ def plan(dockerfile: Path, context: Path, default_workdir: str = "/") -> LocalPl
         elif ins.keyword == "RUN":
             exec_form = _exec_or_shell(ins.args)
             command = shlex.join(exec_form) if exec_form is not None else ins.args
+            if ins.heredocs:
+                command = heredoc_script(ins)
             if command.startswith("--"):
                 raise NeedsDocker(dockerfile, ins.lineno, ins.text, "RUN flags (--mount, "
                                   "--network) need BuildKit")
@@ -313,8 +341,86 @@ def final_workdir(dockerfile: Path) -> str | None:
     return workdir
 
 
+HEREDOC_DIR = ".tr-heredocs"    # where inline_heredocs puts COPY documents in a build context
+
+
+def inline_heredocs(text: str, path: Path | str = "Dockerfile") -> tuple[str, dict[str, str]]:
+    """The Dockerfile without here-documents, for a builder without BuildKit (the engine API's
+    classic builder): a COPY/ADD document becomes a file of the build context
+    (``.tr-heredocs/<n>/<DELIM>``, returned as {path: text}) copied by name; a RUN with documents
+    becomes ``RUN /bin/sh -c "$(echo <base64 of the script> | base64 -d)"`` (:func:`heredoc_script`).
+    Other lines are kept as written; pure."""
+    import base64
+
+    by_line = {ins.lineno: ins for ins in parse(text, path) if ins.heredocs}
+    if not by_line:
+        return text, {}
+    lines = text.splitlines()
+    out: list[str] = []
+    files: dict[str, str] = {}
+    index = 0
+    while index < len(lines):
+        ins = by_line.get(index + 1)
+        if ins is None:
+            out.append(lines[index])
+            index += 1
+            continue
+        while lines[index].rstrip().endswith("\\"):     # the instruction's continuation lines
+            index += 1
+        index += 1
+        for _, body in ins.heredocs:                    # then each document and its delimiter
+            index += body.count("\n") + 1
+        if ins.keyword == "RUN":
+            script = base64.b64encode(heredoc_script(ins).encode()).decode()
+            out.append(f'RUN /bin/sh -c "$(echo {script} | base64 -d)"')
+            continue
+        heredoc_files(Path(path), ins)                  # refuses unexpanded variables
+        n = len(files)
+        args = ins.args
+        for delim, body in ins.heredocs:
+            rel = f"{HEREDOC_DIR}/{n}/{delim}"
+            files[rel] = body
+            args = HEREDOC.sub(lambda m, d=delim, r=rel: r if m.group(3) == d else m.group(0),
+                               args)
+        out.append(f"{ins.keyword} {args}")
+    return "\n".join(out) + "\n", files
+
+
+def heredoc_script(ins: Instruction) -> str:
+    """The shell script a RUN with here-documents stands for (BuildKit's meaning): `RUN <<EOF`
+    alone runs the document as the script; `RUN cmd <<EOF ...` is the line with its documents
+    after it, as a shell reads it."""
+    rest = HEREDOC.sub("", ins.args).strip()
+    if not rest and len(ins.heredocs) == 1:
+        return ins.heredocs[0][1]
+    return ins.args + "\n" + "".join(body + name + "\n" for name, body in ins.heredocs)
+
+
+def heredoc_files(dockerfile: Path, ins: Instruction) -> list[tuple[str, str]]:
+    """A COPY/ADD's here-documents as (file name, text); the name is the delimiter, as BuildKit
+    names them.  Variable expansion in an unquoted document is not done: refused by name."""
+    for m in HEREDOC.finditer(ins.args):
+        body = dict(ins.heredocs)[m.group(3)]
+        if not m.group(2) and "$" in body:
+            raise DockerfileError(dockerfile, ins.lineno, f"{ins.keyword} <<{m.group(3)}: "
+                                  "variables in an unquoted here-document are not expanded by "
+                                  f"tr; quote the delimiter (<<\"{m.group(3)}\") to copy it as "
+                                  "written")
+    return list(ins.heredocs)
+
+
 def _copy_step(dockerfile: Path, context: Path, ins: Instruction, workdir: str,
                variables: dict[str, str]) -> CopyStep:
+    if ins.heredocs:
+        inline = tuple(heredoc_files(dockerfile, ins))
+        words = [w for w in shlex.split(HEREDOC.sub("", ins.args)) if not w.startswith("--")]
+        if len(words) != 1:
+            raise DockerfileError(dockerfile, ins.lineno, f"{ins.keyword} with here-documents "
+                                  "takes them as its only sources and one destination")
+        dest = _substitute(words[0], variables)
+        absolute = posixpath.normpath(posixpath.join(workdir, dest))
+        return CopyStep(ins.lineno, (), absolute, dest.endswith("/") or len(inline) > 1,
+                        inline=inline)
     exec_form = _exec_or_shell(ins.args)
     words = exec_form if exec_form is not None else shlex.split(ins.args)
     chmod = None

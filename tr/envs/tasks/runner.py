@@ -198,6 +198,11 @@ def prepare(task: Task, sandbox, backend=None) -> None:
                     target = (str(Path(step.dest) / source.name)
                               if step.dest_is_dir and source.is_file() else step.dest)
                     _copy_tree(sandbox, source, target, chmod=step.chmod)
+                for name, text in step.inline:         # COPY <<EOF here-documents
+                    target = str(Path(step.dest) / name) if step.dest_is_dir else step.dest
+                    _must(sandbox.run_fresh(f"mkdir -p {shlex.quote(str(Path(target).parent))}",
+                                            timeout_s=60), f"COPY at {where}")
+                    sandbox.write_file(target, text.encode(), mode=step.chmod or 0o644)
             else:
                 exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in step.env.items())
                 command = (f"{exports}mkdir -p {shlex.quote(step.workdir)} && "

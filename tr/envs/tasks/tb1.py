@@ -70,12 +70,15 @@ def load(task_dir: Path, *, deep: bool = False) -> tuple[Task | None, list[Probl
     spec = _verifier(task_dir, problems)
 
     dockerfile = task_dir / "Dockerfile"
-    if dockerfile.is_file():
+    compose = next((p for p in (task_dir / "docker-compose.yaml", task_dir / "docker-compose.yml")
+                    if p.is_file()), None)
+    if compose is not None:      # its one service's build (a root Dockerfile comes first)
+        dockerfile = compose_dockerfile(task_dir, compose, problems,
+                                        dockerfile if dockerfile.is_file() else None)
+        environment = (Environment(kind="dockerfile", dockerfile=dockerfile) if dockerfile
+                       else Environment())
+    elif dockerfile.is_file():
         environment = Environment(kind="dockerfile", dockerfile=dockerfile)
-    elif (task_dir / "docker-compose.yaml").is_file() or (task_dir / "docker-compose.yml").is_file():
-        problems.append(Problem("docker-compose.yaml", None, "multi-container tasks (docker-compose) "
-                                "are not supported; give a Dockerfile"))
-        environment = Environment()
     else:
         environment = Environment(kind="none")
 
@@ -101,6 +104,62 @@ def load(task_dir: Path, *, deep: bool = False) -> tuple[Task | None, list[Probl
         environment=environment, tests_dir=task_dir / "tests", verifier=spec, budgets=budgets,
         solution=solution, source_dir=task_dir, layout="tb1", tags=tags,
     ), problems
+
+
+def compose_dockerfile(task_dir: Path, compose: Path, problems: list[Problem],
+                       root_dockerfile: Path | None = None) -> Path | None:
+    """The Dockerfile of a TB1 task's one container: ``root_dockerfile`` (next to task.yaml) when
+    given, else the one service's build (``docker-compose.yaml``: ``build: {context: client,
+    dockerfile: Dockerfile}`` or ``build: client``), as TB1's harness builds it; its folder is
+    the build context.  More than one service (the tests talk to a second container) is refused
+    by name."""
+    name = compose.name
+    text = read_text(compose, name, problems, what="container description")
+    if text is None:
+        return None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        problems.append(Problem(name, None, f"cannot parse YAML: {exc}".replace("\n", " ")))
+        return None
+    services = data.get("services") if isinstance(data, dict) else None
+    if not isinstance(services, dict) or not services:
+        problems.append(Problem(name, "services", "expected a mapping of services (and no "
+                                "Dockerfile next to task.yaml)"))
+        return None
+    if len(services) > 1:
+        problems.append(Problem(name, "services", f"multi-container tasks are not supported: "
+                                f"services {sorted(services)} (the tests need the other "
+                                "containers running); give one service or a Dockerfile"))
+        return None
+    if root_dockerfile is not None:
+        return root_dockerfile
+    (service, spec), = services.items()
+    build = spec.get("build") if isinstance(spec, dict) else None
+    if isinstance(build, str):
+        build = {"context": build}
+    if not isinstance(build, dict) or not isinstance(build.get("context", "."), str) \
+            or not isinstance(build.get("dockerfile", "Dockerfile"), str):
+        problems.append(Problem(name, f"services.{service}.build", "expected a build context "
+                                f"folder (and a Dockerfile name), got {build!r}; a service "
+                                "that only names an image needs a Dockerfile"))
+        return None
+    root = task_dir.resolve()
+    context = (task_dir / build.get("context", ".")).resolve()
+    path = (context / build.get("dockerfile", "Dockerfile")).resolve()
+    where = f"services.{service}.build"
+    if not context.is_relative_to(root) or not path.is_relative_to(root):
+        problems.append(Problem(name, where, f"the build context {build!r} leaves the task "
+                                "folder"))
+        return None
+    if path.parent != context:
+        problems.append(Problem(name, where, f"a Dockerfile outside its build context is not "
+                                f"supported ({build!r})"))
+        return None
+    if not path.is_file():
+        problems.append(Problem(name, where, f"{path.relative_to(root)}: missing"))
+        return None
+    return task_dir / path.relative_to(root)
 
 
 def solution_commands(text: str) -> tuple[list[str], list[Problem]]:

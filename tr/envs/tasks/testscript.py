@@ -10,7 +10,8 @@ What changes (line by line, on the script's logical lines; everything else runs 
   system packages;
 * an install line that also names other Python packages keeps them: those the project's
   interpreter already has are dropped with a note; the rest are installed for the verifier's
-  interpreter with `"$TR_PYTHON" -m pip install --target "$HOME/site"` (needs the network at test
+  interpreter with `"$TR_PYTHON" -m pip install --target "$HOME/site"` (the project's pip, from
+  `/opt/tr/pip`: it is not importable by the tests themselves; needs the network at test
   time; the note says so);
 * every pytest run -- `pytest`, `uv run pytest`, `python -m pytest`, `uvx … pytest`, and `bash
   $TEST_DIR/run-uv-pytest.sh` (TB1's harness file, inlined) -- becomes `"$TR_PYTHON" -P -m pytest
@@ -27,6 +28,8 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from tr.envs.protected import PIP_MOUNT
+
 PYTEST_PACKAGES = re.compile(r"^(pytest([-_][\w-]+)?|pluggy|iniconfig|uv)([<>=!~\[ ].*)?$", re.I)
 _TOOL_PACKAGES = {"curl", "wget", "ca-certificates", "python3-pip", "python3-venv", "python3-pytest",
                   "pipx"}
@@ -34,6 +37,7 @@ _UV_INSTALL = re.compile(r"(astral\.sh/uv|install\.python-poetry|pip3?\s+install
 _UV_ENV = re.compile(r"^\s*(source|\.)\s+\$\{?HOME\}?/\.(local|cargo)/bin/env\b")
 _SETUP_SCRIPT = re.compile(r"^\s*(source|\.|bash|sh)\s+\S*setup-uv-pytest\.sh\b")
 _RUN_SCRIPT = re.compile(r"^\s*(bash|sh|source|\.)\s+\S*run-uv-pytest\.sh\b(.*)$")
+_UV_PROJECT = re.compile(r"^\s*uv\s+(init|add|sync|run)\b")
 _UV_VENV = re.compile(r"^\s*uv\s+(venv|init)\b\s*(\S*)")
 _ACTIVATE = re.compile(r"^\s*(source|\.)\s+(\S+)/bin/activate\s*$")
 _APT = re.compile(r"^\s*(sudo\s+)?apt(-get)?\s+(-\S+\s+)*(install|update)\b(.*)$")
@@ -161,7 +165,8 @@ def rewrite(script: str, *, junit: str, run_uv_pytest: str | None = None,
                 if missing:
                     notes.append(f"test-time install of {', '.join(missing)} (not in the project "
                                  "env): installed for the verifier, needs the network at test time")
-                    out.append(f'{indent}"$TR_PYTHON" -m pip install -q --disable-pip-version-check '
+                    out.append(f'{indent}PYTHONPATH="{PIP_MOUNT}:$PYTHONPATH" "$TR_PYTHON" -P -m pip '
+                               f'install -q --disable-pip-version-check '
                                f'--target "$HOME/site" {" ".join(shlex.quote(r) for r in missing)}'
                                f'  # tr: was: {stripped[:100]}')
                 else:
@@ -180,5 +185,11 @@ def rewrite(script: str, *, junit: str, run_uv_pytest: str | None = None,
         ran = ran or hit
         out.append(new)
     head = 'export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$HOME/site"\n' if _top else ""
+    if _top and any(_SETUP_SCRIPT.match(ln) or _UV_PROJECT.match(ln) for ln in lines):
+        # TB1's harness (`uv init; uv add pytest` in the workdir) installs a project folder's
+        # own package into its test env: the tests may import it (TR_PROJECT_DIR, see
+        # tr.envs.protected's sitecustomize: served to imports of test files only)
+        head += ('if [ -f pyproject.toml ] || [ -f setup.py ]; then export TR_PROJECT_DIR="$PWD"; '
+                 'fi  # tr: the workdir is a Python project\n')
     text = head + "\n".join(out) + "\n"
     return Rewritten(text=text, notes=tuple(notes), runs_pytest=ran)
