@@ -631,7 +631,8 @@ TB1_TEST = textwrap.dedent("""\
     """)
 
 
-def make_tb1_task(root: Path, name: str = "tb1-answer"):
+def write_tb1_task(root: Path, name: str = "tb1-answer", tests: str = TB1_TEST) -> Path:
+    """A TB1 task folder: write 42 to /app/answer.txt, TB1's uv harness, `tests` as its tests."""
     d = root / name
     (d / "tests").mkdir(parents=True)
     (d / "task.yaml").write_text("instruction: Write 42 to /app/answer.txt.\n"
@@ -639,8 +640,12 @@ def make_tb1_task(root: Path, name: str = "tb1-answer"):
                                  "max_test_timeout_sec: 120\n")
     (d / "solution.sh").write_text("echo 42 > /app/answer.txt\n")
     (d / "run-tests.sh").write_text(TB1_RUN_TESTS)
-    (d / "tests" / "test_outputs.py").write_text(TB1_TEST)
-    return load_task(d)
+    (d / "tests" / "test_outputs.py").write_text(tests)
+    return d
+
+
+def make_tb1_task(root: Path, name: str = "tb1-answer"):
+    return load_task(write_tb1_task(root, name))
 
 
 @pytest.fixture(scope="session")
@@ -808,14 +813,7 @@ def test_a_project_package_reaches_test_imports_only(tmp_path, backend, pyprojec
     shelfpkg` finds the workdir's package (as TB1's harness installs it); pytest's own imports
     never reach the folder, so decoys of its modules there do not run.  Without the project
     file the package is not importable (TB1 would not install it either)."""
-    d = tmp_path / "tb1-project"
-    (d / "tests").mkdir(parents=True)
-    (d / "task.yaml").write_text("instruction: Write 42 to /app/answer.txt.\n"
-                                 "difficulty: easy\ncategory: hardening\n"
-                                 "max_test_timeout_sec: 120\n")
-    (d / "solution.sh").write_text("echo 42 > /app/answer.txt\n")
-    (d / "run-tests.sh").write_text(TB1_RUN_TESTS)
-    (d / "tests" / "test_outputs.py").write_text(PROJECT_TESTS)
+    d = write_tb1_task(tmp_path, "tb1-project", PROJECT_TESTS)
     task = load_task(d)
     config = sandbox_config(task, backend, SandboxConfig(**SMALL))
     with make_sandbox(backend, config) as box:
