@@ -170,9 +170,10 @@ def test_update_weights_drops_caches_without_recompiling(model, sampler):
         sampler.update_weights({**nnx.to_pure_dict(nnx.state(model, nnx.Param)), "embed_tokens": jnp.zeros((3, 3))})
 
 
-def test_compiles_are_bounded_by_the_buckets(sampler):
+def test_compiles_are_bounded_by_the_buckets(model, sampler):
     """Runs last on the shared sampler: random lengths and caps; compiles stay within the buckets
-    (capacities 128.. grown to, rows-in-call 1/2/4; one chunk shape) and a repeat adds none."""
+    (capacities 128.. grown to, rows-in-call 1/2; one chunk shape) and a repeat adds none; after
+    `precompile` nothing compiles."""
     rng = np.random.default_rng(1)
     counts = []
     for rep in range(2):
@@ -187,8 +188,13 @@ def test_compiles_are_bounded_by_the_buckets(sampler):
         counts.append(dict(sampler.compile_counts))
     capacities = int(np.log2(sampler.capacity // 128)) + 1
     assert sampler.compile_counts["decode"] <= capacities
-    assert sampler.compile_counts["prefill"] <= capacities * 3
+    assert sampler.compile_counts["prefill"] <= capacities * 2  # rows-in-call 1, 2 (3 slots: no padding rows)
     assert counts[0] == counts[1] or sampler.capacity > 128
+    # precompile: every bucket at the current capacity, after which a rollout that fits compiles nothing.
+    compiled = sampler.precompile(sampler.capacity)
+    assert compiled["prefill"] <= capacities * 2 and compiled["decode"] <= capacities
+    _episodes(sampler, model, turns=2, check=False)
+    assert dict(sampler.compile_counts) == compiled
 
 
 def test_unrolled_layers_match_a_fresh_forward():
