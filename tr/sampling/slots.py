@@ -12,7 +12,9 @@ used idle row is evicted and its episode rebuilds its cache by prefill on its ne
 `decode_steps` tokens for every active row per call (one compiled `while_loop`), then, between
 calls, retires the rows that reached a stop token or their cap (their futures resolve at once) and
 admits queued requests into free rows (prefill), so short requests never wait for long ones; while
-a request is queued, a decode call returns as soon as any row finishes, so a freed row never idles.
+a request is queued, a decode call returns as soon as any row finishes, so a freed row never idles;
+while a free row's episode is live (its next request is coming from its sandbox) a call decodes at
+most `refill_decode_steps` (traced: no recompile), so that request waits at most that many tokens.
 
 **Cache layout.** Head-major: `keys, values [n_layers, slots, n_kv_heads, S, head_dim]` and
 `end [slots]` (rows are at different lengths); row `b` holds its tokens in slots `0 .. end[b]-1` (no
@@ -158,7 +160,8 @@ class EpisodeSampler:
 
     def __init__(self, model: Decoder, tokenizer: Tokenizer | None = None, *, slots: int = 32,
                  cache_len: int | None = None, max_new_tokens: int = 256, prefill_chunk: int = 128,
-                 min_capacity: int = 512, decode_steps: int = 8, attention_block: int = 256,
+                 min_capacity: int = 512, decode_steps: int = 8, refill_decode_steps: int = 2,
+                 attention_block: int = 256,
                  reuse_cache: bool = True, mesh: jax.sharding.Mesh | None = None,
                  batch_invariant: bool = False):
         if slots < 1:
@@ -175,6 +178,7 @@ class EpisodeSampler:
         self.max_new_tokens = max_new_tokens
         self.prefill_chunk = _bucket(prefill_chunk, 1)
         self.decode_steps = decode_steps
+        self.refill_decode_steps = max(1, min(refill_decode_steps, decode_steps))
         self.attention_block = _bucket(attention_block, 1)
         self.reuse_cache = reuse_cache
         # Prefill one row per call: a row's logits never depend on which rows share a call (a
@@ -193,7 +197,7 @@ class EpisodeSampler:
         self._thread: threading.Thread | None = None
         self._reset_device_state()
         self._prefill_fn = jax.jit(self._prefill_impl, donate_argnums=(1, 2, 4))
-        self._decode_fn = jax.jit(self._decode_impl, donate_argnums=(1, 2, 4), static_argnames=("steps",))
+        self._decode_fn = jax.jit(self._decode_impl, donate_argnums=(1, 2, 4))
 
     # -- sizes -----------------------------------------------------------------------------------
     @property
@@ -266,8 +270,8 @@ class EpisodeSampler:
         d["active"] = d["active"].at[rows].set(True, mode="drop")
         return _constrain_state(keys, values, end, d)
 
-    def _decode_impl(self, state, keys, values, end, dec, queued, *, steps: int):
-        """Up to `steps` tokens for every active row; a row stops at a stop id or its `max_new`.
+    def _decode_impl(self, state, keys, values, end, dec, queued, steps):
+        """Up to `steps` (traced) tokens for every active row; a row stops at a stop id or its `max_new`.
         With `queued` (a request waits for a slot) the call returns as soon as any row finishes.
 
         Each step samples from the row's logits, records token and log-probs at column `length`,
@@ -569,16 +573,19 @@ class EpisodeSampler:
                     self.state, self._keys, self._values, self._end, self._dec, pad,
                     np.zeros((bj, self.prefill_chunk), np.int32), zeros, zeros, fields)
             self._keys, self._values, self._end, self._dec, _ = self._decode_fn(
-                self.state, self._keys, self._values, self._end, self._dec, jnp.asarray(False),
-                steps=self.decode_steps)
+                self.state, self._keys, self._values, self._end, self._dec, np.bool_(False),
+                np.int32(self.decode_steps))
             jax.block_until_ready(self._keys)
         return dict(self.compile_counts)
 
     def _decode_and_retire(self) -> None:
         t0 = time.perf_counter()
+        # A free row whose episode is live (in its sandbox) will get a request soon: short calls,
+        # so it waits at most `refill_decode_steps` tokens for its row.
+        refill = any(r.request is None and r.episode_id is not None for r in self._rows)
         self._keys, self._values, self._end, self._dec, steps_done = self._decode_fn(
-            self.state, self._keys, self._values, self._end, self._dec, jnp.asarray(bool(self._queue)),
-            steps=self.decode_steps)
+            self.state, self._keys, self._values, self._end, self._dec, np.bool_(bool(self._queue)),
+            np.int32(self.refill_decode_steps if refill else self.decode_steps))
         active = np.asarray(self._dec["active"])
         self.stats.decode_calls += 1
         self.stats.decode_row_steps += self.slots * int(steps_done)
