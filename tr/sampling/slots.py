@@ -134,19 +134,23 @@ def _rows_forward(model: Decoder, keys, values, end, tokens, positions, mask, sp
 
     keys/values `[n_layers, B, K, S, hd]` (head-major), end `[B]`, tokens/positions/mask `[B, T]`,
     span: a bound on `end` over the rows whose results are used (only slots `< span` are read).
-    The cache is only read (`Decoder.extend`); the masked-in new tokens' K/V are then scattered
-    at slots `end[b] + t` of row b (masked-out ones dropped). Returns (keys, values, hidden `[B, T, d]`).
+    The cache is only read (`Decoder.extend`); the new tokens' K/V are then written at slots
+    `end[b] .. end[b]+T-1` of row b, one `dynamic_update_slice` per row (in place: a scatter here
+    cost a pass over the whole allocated cache per step). A masked-out token's K/V land at or beyond
+    `end[b]`, which `valid` hides until a later write replaces them. Returns (keys, values, hidden `[B, T, d]`).
     """
     n_slots = keys.shape[3]
     valid = jnp.arange(n_slots)[None] < end[:, None]
     hidden, new_k, new_v = model.extend(tokens, positions, mask, keys, values, valid, span=span, block=block)
-    t = tokens.shape[1]
-    slot = jnp.where(mask, end[:, None] + jnp.arange(t, dtype=jnp.int32)[None], n_slots)   # [B, T]
-    rows = jnp.arange(tokens.shape[0])[:, None, None]
-    heads = jnp.arange(keys.shape[2])[None, :, None]
-    at = (slice(None), rows, heads, slot[:, None, :])                                     # -> [L, B, K, T]
-    keys = keys.at[at].set(new_k.transpose(0, 1, 3, 2, 4), mode="drop")
-    values = values.at[at].set(new_v.transpose(0, 1, 3, 2, 4), mode="drop")
+    new_k, new_v = new_k.transpose(0, 1, 3, 2, 4), new_v.transpose(0, 1, 3, 2, 4)      # [L, B, K, T, hd]
+    zero = jnp.zeros((), jnp.int32)
+
+    def write(b, kv):
+        at = (zero, b, zero, jnp.minimum(end[b], n_slots - tokens.shape[1]), zero)
+        return tuple(jax.lax.dynamic_update_slice(c, jax.lax.dynamic_slice_in_dim(n, b, 1, axis=1), at)
+                     for c, n in zip(kv, (new_k, new_v)))
+
+    keys, values = jax.lax.fori_loop(0, tokens.shape[0], write, (keys, values))
     return keys, values, hidden
 
 
