@@ -22,8 +22,9 @@ padding holes: a token's rotary position is its slot), `valid = slot < end`. Eve
 decoder on its rows as one batch through `Decoder.extend`, which only READS the cache (each row's
 head a contiguous `[S, head_dim]` matrix; slots `< span`, the longest participating row, in
 `attention_block`-slot blocks with an online softmax, so a step costs what the rows' lengths need,
-not `S`) and returns the new tokens' K/V, which are then scattered at each row's `end` (the only
-cache write: nothing is copied or carried through the layers, no `vmap`). `capacity` (slots per
+not `S`) and returns the new tokens' K/V, which are then written at each row's `end` (the only
+cache write: nothing is copied or carried through the layers, no `vmap`; decode writes one
+`dynamic_update_slice` per row, in place, where a scatter cost a pass over the whole cache per step). `capacity` (slots per
 row) grows by doubling up to `cache_len` when a request needs more.
 
 **Prefill.** The requests admitted together are prefilled in calls of a power-of-two number of rows
