@@ -24,7 +24,8 @@ head a contiguous `[S, head_dim]` matrix; slots `< span`, the longest participat
 `attention_block`-slot blocks with an online softmax, so a step costs what the rows' lengths need,
 not `S`) and returns the new tokens' K/V, which are then written at each row's `end` (the only
 cache write: nothing is copied or carried through the layers, no `vmap`; decode writes one
-`dynamic_update_slice` per row, in place, where a scatter cost a pass over the whole cache per step). `capacity` (slots per
+`dynamic_update_slice` per row, in place, where a scatter cost a pass over the whole cache per
+step; prefill likewise, per row of the call). `capacity` (slots per
 row) grows by doubling up to `cache_len` when a request needs more.
 
 **Prefill.** The requests admitted together are prefilled in calls of a power-of-two number of rows
@@ -258,10 +259,21 @@ class EpisodeSampler:
         valid = jnp.arange(keys.shape[3])[None] < start[:, None]
         hidden, new_k, new_v = model.extend(tokens, positions, mask, keys, values, valid, span=jnp.max(start),
                                             block=self.attention_block, rows=rows)   # reads only `rows`
-        slot = jnp.where(mask, positions, keys.shape[3])                  # padding tokens: dropped
-        at = (slice(None), rows[:, None, None], jnp.arange(keys.shape[2])[None, :, None], slot[:, None, :])
-        keys = keys.at[at].set(new_k.transpose(0, 1, 3, 2, 4), mode="drop")
-        values = values.at[at].set(new_v.transpose(0, 1, 3, 2, 4), mode="drop")
+        # Row i's chunk goes to slots start[i] .. start[i]+T-1 of its row by one in-place
+        # dynamic_update_slice (the slack after `capacity` holds it; padding tokens land beyond the
+        # row's new end, hidden by `valid` until overwritten); padding rows write nothing.
+        new_k, new_v = new_k.transpose(0, 1, 3, 2, 4), new_v.transpose(0, 1, 3, 2, 4)   # [L, Bj, K, T, hd]
+        zero = jnp.zeros((), jnp.int32)
+
+        def write(i, kv):
+            at = (zero, jnp.minimum(rows[i], self.slots - 1), zero, start[i], zero)
+            size = (kv[0].shape[0], 1, kv[0].shape[2], t, kv[0].shape[4])
+            return tuple(jax.lax.dynamic_update_slice(
+                c, jnp.where(rows[i] < self.slots, jax.lax.dynamic_slice_in_dim(n, i, 1, axis=1),
+                             jax.lax.dynamic_slice(c, at, size)), at)
+                for c, n in zip(kv, (new_k, new_v)))
+
+        keys, values = jax.lax.fori_loop(0, tokens.shape[0], write, (keys, values))
         end = end.at[rows].set(start + n_real, mode="drop")
         last = jnp.take_along_axis(hidden, jnp.maximum(n_real - 1, 0)[:, None, None], axis=1)[:, 0]
         new_logits = model.project(last)
