@@ -131,6 +131,7 @@ def main() -> None:
     p.add_argument("--slots", type=int, default=None, help="decode slots (default: --episodes)")
     p.add_argument("--decode-steps", type=int, default=8)
     p.add_argument("--attention-block", type=int, default=256, help="cache slots read per block in decode/prefill")
+    p.add_argument("--prefill-chunk", type=int, default=128, help="tokens per prefill call (episode engine)")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--attention-chunk", type=int, default=512,
                    help="queries per attention block (exact; bounds re-prefill's score memory)")
@@ -153,7 +154,10 @@ def main() -> None:
         if engine == "episode":
             sampler = EpisodeSampler(model, tok, slots=slots, max_new_tokens=args.max_new,
                                      cache_len=longest, decode_steps=args.decode_steps,
-                                     attention_block=args.attention_block)
+                                     attention_block=args.attention_block, prefill_chunk=args.prefill_chunk)
+            t0 = time.perf_counter()
+            sampler.precompile(capacity=longest)  # every row bucket: no compile inside a timed run
+            print(f"  episode precompile: {time.perf_counter() - t0:.0f}s {dict(sampler.compile_counts)}", flush=True)
         else:
             sampler = JaxSampler(model, tok, min_prompt_bucket=256, min_new_bucket=args.max_new,
                                  min_batch_bucket=args.episodes)

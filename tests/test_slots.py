@@ -170,9 +170,10 @@ def test_update_weights_drops_caches_without_recompiling(model, sampler):
         sampler.update_weights({**nnx.to_pure_dict(nnx.state(model, nnx.Param)), "embed_tokens": jnp.zeros((3, 3))})
 
 
-def test_compiles_are_bounded_by_the_buckets(sampler):
+def test_compiles_are_bounded_by_the_buckets(model, sampler):
     """Runs last on the shared sampler: random lengths and caps; compiles stay within the buckets
-    (capacities 128.. grown to, rows-in-call 1/2/4; one chunk shape) and a repeat adds none."""
+    (capacities 128.. grown to, rows-in-call 1/2; one chunk shape) and a repeat adds none; after
+    `precompile` nothing compiles."""
     rng = np.random.default_rng(1)
     counts = []
     for rep in range(2):
@@ -187,8 +188,13 @@ def test_compiles_are_bounded_by_the_buckets(sampler):
         counts.append(dict(sampler.compile_counts))
     capacities = int(np.log2(sampler.capacity // 128)) + 1
     assert sampler.compile_counts["decode"] <= capacities
-    assert sampler.compile_counts["prefill"] <= capacities * 3
+    assert sampler.compile_counts["prefill"] <= capacities * 2  # rows-in-call 1, 2 (3 slots: no padding rows)
     assert counts[0] == counts[1] or sampler.capacity > 128
+    # precompile: every bucket at the current capacity, after which a rollout that fits compiles nothing.
+    compiled = sampler.precompile(sampler.capacity)
+    assert compiled["prefill"] <= capacities * 2 and compiled["decode"] <= capacities
+    _episodes(sampler, model, turns=2, check=False)
+    assert dict(sampler.compile_counts) == compiled
 
 
 def test_unrolled_layers_match_a_fresh_forward():
@@ -201,3 +207,29 @@ def test_unrolled_layers_match_a_fresh_forward():
         assert s.stats.reused_tokens > 0
     finally:
         s.close()
+
+
+def test_sharded_sampler_matches_one_device(model, sampler):
+    """On a (data, fsdp, tensor, context) = (2, 1, 2, 2) mesh of forced host devices the cache stays
+    split by `HEAD_MAJOR_CACHE_AXES` (rows over data, kv heads over tensor) and every turn gives the
+    samples and log-probs of the one-device sampler (and of a fresh forward)."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from tr.models.sharding import make_mesh, state_shardings
+
+    mesh = make_mesh((2, 1, 2, 2))
+    state = nnx.state(model)
+    sharded = nnx.merge(nnx.graphdef(model), jax.device_put(state, state_shardings(state, mesh)))
+    s = EpisodeSampler(sharded, slots=4, max_new_tokens=32, min_capacity=128, prefill_chunk=64, decode_steps=4,
+                       attention_block=32, mesh=mesh)
+    try:
+        outs, _ = _episodes(s, model, turns=2, episodes="ab", timeout=900)  # fresh: its first turn compiles
+        assert s._keys.sharding.is_equivalent_to(NamedSharding(mesh, P(None, "data", "tensor")), 5)
+        assert s._dec["out_tokens"].sharding.is_equivalent_to(NamedSharding(mesh, P("data")), 2)
+    finally:
+        s.close()
+    single, _ = _episodes(sampler, model, turns=2, episodes="ab", check=False)
+    assert [c.token_ids for c in outs] == [c.token_ids for c in single]
+    for a, b in zip(outs, single):
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)

@@ -30,7 +30,9 @@ and values into slots `end .. end+T-1` of every layer (in place: `dynamic_update
 layer-stacked arrays carried through the scan), sets `valid[:, end:end+T] = m`, and lets query
 `end + t` attend to every valid slot `<= end + t`; it returns the cache with `end + T`. Logical axes:
 `('cache_layers', 'cache_batch', 'cache_length', 'cache_kv_heads', 'activation_head_dim')`
-(`CACHE_AXES`); `KVCache.logical_axes()` gives the tree for sharding a cache.
+(`CACHE_AXES`); `KVCache.logical_axes()` gives the tree for sharding a cache. The head-major cache
+that `Decoder.extend` reads (`[n_layers, B, K, S, head_dim]`) has the same names in its own order
+(`HEAD_MAJOR_CACHE_AXES`).
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ REMAT_POLICIES: dict[str, Any] = {
 }
 
 CACHE_AXES = ("cache_layers", "cache_batch", "cache_length", "cache_kv_heads", "activation_head_dim")
+# The head-major cache `Decoder.extend` reads (`[n_layers, B, K, S, head_dim]`, tr/sampling/slots.py).
+HEAD_MAJOR_CACHE_AXES = ("cache_layers", "cache_batch", "cache_kv_heads", "cache_length", "activation_head_dim")
 
 
 def _param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str | None, ...], dtype: Any,

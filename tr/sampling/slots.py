@@ -12,7 +12,9 @@ used idle row is evicted and its episode rebuilds its cache by prefill on its ne
 `decode_steps` tokens for every active row per call (one compiled `while_loop`), then, between
 calls, retires the rows that reached a stop token or their cap (their futures resolve at once) and
 admits queued requests into free rows (prefill), so short requests never wait for long ones; while
-a request is queued, a decode call returns as soon as any row finishes, so a freed row never idles.
+a request is queued, a decode call returns as soon as any row finishes, so a freed row never idles;
+while a free row's episode is live (its next request is coming from its sandbox) a call decodes at
+most `refill_decode_steps` (traced: no recompile), so that request waits at most that many tokens.
 
 **Cache layout.** Head-major: `keys, values [n_layers, slots, n_kv_heads, S, head_dim]` and
 `end [slots]` (rows are at different lengths); row `b` holds its tokens in slots `0 .. end[b]-1` (no
@@ -20,14 +22,25 @@ padding holes: a token's rotary position is its slot), `valid = slot < end`. Eve
 decoder on its rows as one batch through `Decoder.extend`, which only READS the cache (each row's
 head a contiguous `[S, head_dim]` matrix; slots `< span`, the longest participating row, in
 `attention_block`-slot blocks with an online softmax, so a step costs what the rows' lengths need,
-not `S`) and returns the new tokens' K/V, which are then scattered at each row's `end` (the only
-cache write: nothing is copied or carried through the layers, no `vmap`). `capacity` (slots per
+not `S`) and returns the new tokens' K/V, which are then written at each row's `end` (the only
+cache write: nothing is copied or carried through the layers, no `vmap`; decode writes one
+`dynamic_update_slice` per row, in place, where a scatter cost a pass over the whole cache per
+step; prefill likewise, per row of the call). `capacity` (slots per
 row) grows by doubling up to `cache_len` when a request needs more.
 
-**Compiles.** Prefill runs in chunks of `prefill_chunk` tokens (right-padded) and is compiled per
-(rows-in-call bucket, capacity), decode per capacity: all powers of two, so the count is bounded
-(`compile_counts`); `span` is traced, so row lengths never recompile; the weights are an
-argument, so `update_weights` never recompiles (it drops every cached episode).
+**Prefill.** The requests admitted together are prefilled in calls of a power-of-two number of rows
+(the binary digits of their count: 5 rows are a 4-row and a 1-row call, never 8 with 3 of padding),
+each row's appended tokens in chunks of `prefill_chunk` (right-padded); the same call starts the
+rows' requests (their sampling fields go into the decode state inside it, no host-side updates).
+
+**Compiles.** Prefill is compiled per (rows-in-call power of two <= `slots`, capacity), decode per
+capacity: all powers of two, so the count is bounded (`compile_counts`); `span` is traced, so row
+lengths never recompile; the weights are an argument, so `update_weights` never recompiles (it
+drops every cached episode). `precompile(capacity)` compiles them all up front.
+
+**Sharding.** Under `mesh` the cache is split by `HEAD_MAJOR_CACHE_AXES` (rows by `cache_batch`, kv
+heads by `cache_kv_heads`, tr/models/sharding.py) and the per-row decode state by rows; every
+compiled piece constrains its outputs so, and the arrays are created split.
 
 **Sampling** (`tr.sampling.sampler.sample_token`): each request has its own key `fold_in(key(seed),
 salt)` and token `t` uses `fold_in(that, t)`, so samples do not depend on which rows share a call.
@@ -52,11 +65,27 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from tr.models.decoder import Decoder, KVCache
+from tr.models.decoder import HEAD_MAJOR_CACHE_AXES, Decoder, KVCache
+from tr.models.sharding import constrain
 from tr.models.tokenizer import Tokenizer
 from tr.sampling.sampler import Completion, SamplingParams, _bucket, replace_weights, sample_token
 
 MAX_STOP_IDS = 4
+
+
+def _row_axes(x: jax.Array) -> tuple[str | None, ...]:
+    """Per-row state `[slots, ...]`: rows split like the cache's rows (`cache_batch`), the rest whole."""
+    return ("cache_batch",) + (None,) * (x.ndim - 1)
+
+
+def _constrain_state(keys, values, end, dec=None):
+    """The engine's arrays on the active mesh (a no-op without one): the head-major cache by
+    `HEAD_MAJOR_CACHE_AXES`, per-row state by rows."""
+    keys, values = constrain(keys, HEAD_MAJOR_CACHE_AXES), constrain(values, HEAD_MAJOR_CACHE_AXES)
+    end = constrain(end, _row_axes(end))
+    if dec is None:
+        return keys, values, end
+    return keys, values, end, {k: constrain(v, _row_axes(v)) for k, v in dec.items()}
 
 
 class RequestCancelled(Exception):
@@ -107,19 +136,23 @@ def _rows_forward(model: Decoder, keys, values, end, tokens, positions, mask, sp
 
     keys/values `[n_layers, B, K, S, hd]` (head-major), end `[B]`, tokens/positions/mask `[B, T]`,
     span: a bound on `end` over the rows whose results are used (only slots `< span` are read).
-    The cache is only read (`Decoder.extend`); the masked-in new tokens' K/V are then scattered
-    at slots `end[b] + t` of row b (masked-out ones dropped). Returns (keys, values, hidden `[B, T, d]`).
+    The cache is only read (`Decoder.extend`); the new tokens' K/V are then written at slots
+    `end[b] .. end[b]+T-1` of row b, one `dynamic_update_slice` per row (in place: a scatter here
+    cost a pass over the whole allocated cache per step). A masked-out token's K/V land at or beyond
+    `end[b]`, which `valid` hides until a later write replaces them. Returns (keys, values, hidden `[B, T, d]`).
     """
     n_slots = keys.shape[3]
     valid = jnp.arange(n_slots)[None] < end[:, None]
     hidden, new_k, new_v = model.extend(tokens, positions, mask, keys, values, valid, span=span, block=block)
-    t = tokens.shape[1]
-    slot = jnp.where(mask, end[:, None] + jnp.arange(t, dtype=jnp.int32)[None], n_slots)   # [B, T]
-    rows = jnp.arange(tokens.shape[0])[:, None, None]
-    heads = jnp.arange(keys.shape[2])[None, :, None]
-    at = (slice(None), rows, heads, slot[:, None, :])                                     # -> [L, B, K, T]
-    keys = keys.at[at].set(new_k.transpose(0, 1, 3, 2, 4), mode="drop")
-    values = values.at[at].set(new_v.transpose(0, 1, 3, 2, 4), mode="drop")
+    new_k, new_v = new_k.transpose(0, 1, 3, 2, 4), new_v.transpose(0, 1, 3, 2, 4)      # [L, B, K, T, hd]
+    zero = jnp.zeros((), jnp.int32)
+
+    def write(b, kv):
+        at = (zero, b, zero, jnp.minimum(end[b], n_slots - tokens.shape[1]), zero)
+        return tuple(jax.lax.dynamic_update_slice(c, jax.lax.dynamic_slice_in_dim(n, b, 1, axis=1), at)
+                     for c, n in zip(kv, (new_k, new_v)))
+
+    keys, values = jax.lax.fori_loop(0, tokens.shape[0], write, (keys, values))
     return keys, values, hidden
 
 
@@ -133,7 +166,8 @@ class EpisodeSampler:
 
     def __init__(self, model: Decoder, tokenizer: Tokenizer | None = None, *, slots: int = 32,
                  cache_len: int | None = None, max_new_tokens: int = 256, prefill_chunk: int = 128,
-                 min_capacity: int = 512, decode_steps: int = 8, attention_block: int = 256,
+                 min_capacity: int = 512, decode_steps: int = 8, refill_decode_steps: int = 2,
+                 attention_block: int = 256,
                  reuse_cache: bool = True, mesh: jax.sharding.Mesh | None = None,
                  batch_invariant: bool = False):
         if slots < 1:
@@ -150,6 +184,7 @@ class EpisodeSampler:
         self.max_new_tokens = max_new_tokens
         self.prefill_chunk = _bucket(prefill_chunk, 1)
         self.decode_steps = decode_steps
+        self.refill_decode_steps = max(1, min(refill_decode_steps, decode_steps))
         self.attention_block = _bucket(attention_block, 1)
         self.reuse_cache = reuse_cache
         # Prefill one row per call: a row's logits never depend on which rows share a call (a
@@ -167,8 +202,8 @@ class EpisodeSampler:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._reset_device_state()
-        self._prefill_fn = jax.jit(self._prefill_impl, donate_argnums=(1, 2))
-        self._decode_fn = jax.jit(self._decode_impl, donate_argnums=(1, 2, 4), static_argnames=("steps",))
+        self._prefill_fn = jax.jit(self._prefill_impl, donate_argnums=(1, 2, 4))
+        self._decode_fn = jax.jit(self._decode_impl, donate_argnums=(1, 2, 4))
 
     # -- sizes -----------------------------------------------------------------------------------
     @property
@@ -181,29 +216,40 @@ class EpisodeSampler:
         # slack: a padded prefill chunk never runs off the end; a multiple of the attention block
         return capacity + max(self.prefill_chunk, self.attention_block)
 
+    def _mesh_context(self):
+        return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
+
     def _reset_device_state(self) -> None:
+        """Empty cache and per-row state, made inside one jit so that on a mesh each array is
+        created already split by its logical axes (`_constrain_state`), never whole on one device."""
         c, r = self.config, self.slots
         shape = (c.n_layers, r, c.n_kv_heads, self._alloc(self.capacity), c.head_dim)
-        self._keys = jnp.zeros(shape, c.compute_dtype)
-        self._values = jnp.zeros(shape, c.compute_dtype)
-        self._end = jnp.zeros(r, jnp.int32)
         n = _bucket(self.max_new_tokens, 1)
-        self._dec = {
-            "logits": jnp.zeros((r, c.vocab_size), jnp.float32),
-            "out_tokens": jnp.zeros((r, n), jnp.int32), "out_logp": jnp.zeros((r, n), jnp.float32),
-            "out_raw": jnp.zeros((r, n), jnp.float32), "length": jnp.zeros(r, jnp.int32),
-            "active": jnp.zeros(r, bool), "max_new": jnp.ones(r, jnp.int32),
-            "temperature": jnp.ones(r, jnp.float32), "top_p": jnp.ones(r, jnp.float32),
-            "seed": jnp.zeros(r, jnp.int32), "salt": jnp.zeros(r, jnp.int32),
-            "stop_ids": jnp.full((r, MAX_STOP_IDS), -1, jnp.int32),
-        }
+
+        def make():
+            dec = {
+                "logits": jnp.zeros((r, c.vocab_size), jnp.float32),
+                "out_tokens": jnp.zeros((r, n), jnp.int32), "out_logp": jnp.zeros((r, n), jnp.float32),
+                "out_raw": jnp.zeros((r, n), jnp.float32), "length": jnp.zeros(r, jnp.int32),
+                "active": jnp.zeros(r, bool), "max_new": jnp.ones(r, jnp.int32),
+                "temperature": jnp.ones(r, jnp.float32), "top_p": jnp.ones(r, jnp.float32),
+                "seed": jnp.zeros(r, jnp.int32), "salt": jnp.zeros(r, jnp.int32),
+                "stop_ids": jnp.full((r, MAX_STOP_IDS), -1, jnp.int32),
+            }
+            return _constrain_state(jnp.zeros(shape, c.compute_dtype), jnp.zeros(shape, c.compute_dtype),
+                                    jnp.zeros(r, jnp.int32), dec)
+
+        with self._mesh_context():
+            self._keys, self._values, self._end, self._dec = jax.jit(make)()
 
     # -- compiled pieces ---------------------------------------------------------------------------
-    def _prefill_impl(self, state, keys, values, end, logits, rows, tokens, n_real, start):
+    def _prefill_impl(self, state, keys, values, end, dec, rows, tokens, n_real, start, fields):
         """Prefill `tokens [Bj, T]` (right-padded, `n_real` real) into `rows [Bj]` from slot `start`.
 
         Rows index `>= slots` are padding (gathered clipped, scattered dropped). Sets each row's
-        `end = start + n_real` and, where `n_real > 0`, its next-token logits.
+        `end = start + n_real`, where `n_real > 0` its next-token logits, and starts its request:
+        `fields` (max_new, temperature, top_p, seed, salt, stop_ids `[Bj, ...]`) copied into the
+        row's decode state, output length 0, active (no decode runs between a request's chunks).
         """
         self.compile_counts["prefill"] += 1  # runs only while tracing
         model = nnx.merge(self.graphdef, state)
@@ -213,19 +259,36 @@ class EpisodeSampler:
         valid = jnp.arange(keys.shape[3])[None] < start[:, None]
         hidden, new_k, new_v = model.extend(tokens, positions, mask, keys, values, valid, span=jnp.max(start),
                                             block=self.attention_block, rows=rows)   # reads only `rows`
-        slot = jnp.where(mask, positions, keys.shape[3])                  # padding tokens: dropped
-        at = (slice(None), rows[:, None, None], jnp.arange(keys.shape[2])[None, :, None], slot[:, None, :])
-        keys = keys.at[at].set(new_k.transpose(0, 1, 3, 2, 4), mode="drop")
-        values = values.at[at].set(new_v.transpose(0, 1, 3, 2, 4), mode="drop")
+        # Row i's chunk goes to slots start[i] .. start[i]+T-1 of its row by one in-place
+        # dynamic_update_slice (the slack after `capacity` holds it; padding tokens land beyond the
+        # row's new end, hidden by `valid` until overwritten); padding rows write nothing.
+        new_k, new_v = new_k.transpose(0, 1, 3, 2, 4), new_v.transpose(0, 1, 3, 2, 4)   # [L, Bj, K, T, hd]
+        zero = jnp.zeros((), jnp.int32)
+
+        def write(i, kv):
+            at = (zero, jnp.minimum(rows[i], self.slots - 1), zero, start[i], zero)
+            size = (kv[0].shape[0], 1, kv[0].shape[2], t, kv[0].shape[4])
+            return tuple(jax.lax.dynamic_update_slice(
+                c, jnp.where(rows[i] < self.slots, jax.lax.dynamic_slice_in_dim(n, i, 1, axis=1),
+                             jax.lax.dynamic_slice(c, at, size)), at)
+                for c, n in zip(kv, (new_k, new_v)))
+
+        keys, values = jax.lax.fori_loop(0, tokens.shape[0], write, (keys, values))
         end = end.at[rows].set(start + n_real, mode="drop")
         last = jnp.take_along_axis(hidden, jnp.maximum(n_real - 1, 0)[:, None, None], axis=1)[:, 0]
         new_logits = model.project(last)
-        old = jnp.take(logits, rows, axis=0, mode="clip")
-        logits = logits.at[rows].set(jnp.where((n_real > 0)[:, None], new_logits, old), mode="drop")
-        return keys, values, end, logits
+        d = dict(dec)
+        old = jnp.take(d["logits"], rows, axis=0, mode="clip")
+        d["logits"] = d["logits"].at[rows].set(jnp.where((n_real > 0)[:, None], new_logits, old), mode="drop")
+        for name, val in fields.items():
+            d[name] = d[name].at[rows].set(val, mode="drop")
+        d["length"] = d["length"].at[rows].set(0, mode="drop")
+        d["out_tokens"] = d["out_tokens"].at[rows].set(0, mode="drop")
+        d["active"] = d["active"].at[rows].set(True, mode="drop")
+        return _constrain_state(keys, values, end, d)
 
-    def _decode_impl(self, state, keys, values, end, dec, queued, *, steps: int):
-        """Up to `steps` tokens for every active row; a row stops at a stop id or its `max_new`.
+    def _decode_impl(self, state, keys, values, end, dec, queued, steps):
+        """Up to `steps` (traced) tokens for every active row; a row stops at a stop id or its `max_new`.
         With `queued` (a request waits for a slot) the call returns as soon as any row finishes.
 
         Each step samples from the row's logits, records token and log-probs at column `length`,
@@ -263,7 +326,7 @@ class EpisodeSampler:
                                                  span, self.attention_block)
             end = end + act.astype(jnp.int32)
             d["logits"] = jnp.where(act[:, None], model.project(hidden[:, 0]), d["logits"])
-            return i + 1, keys, values, end, d
+            return i + 1, *_constrain_state(keys, values, end, d)
 
         steps_done, keys, values, end, dec = jax.lax.while_loop(cond, body, (jnp.int32(0), keys, values, end, dec))
         return keys, values, end, dec, steps_done
@@ -400,8 +463,7 @@ class EpisodeSampler:
         return admitted
 
     def _loop(self) -> None:
-        ctx = jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
-        with ctx:
+        with self._mesh_context():
             try:
                 self._run()
             except BaseException as exc:  # noqa: BLE001 - delivered to every waiting caller
@@ -454,61 +516,93 @@ class EpisodeSampler:
             return
         pad = self._alloc(cap) - self._keys.shape[3]
         widths = ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0))
-        self._keys, self._values = jnp.pad(self._keys, widths), jnp.pad(self._values, widths)
+        grow = jax.jit(lambda k, v: tuple(constrain(jnp.pad(x, widths), HEAD_MAJOR_CACHE_AXES) for x in (k, v)))
+        self._keys, self._values = grow(self._keys, self._values)
         self.capacity = cap
+
+    def _groups(self, admitted: list[_Request]) -> list[list[_Request]]:
+        """Admitted requests split into prefill calls of a power-of-two number of rows (the binary
+        digits of their count, largest first; no padding rows) sorted by cached length, so the
+        rows of a call read about the same number of cache blocks. One row per call when
+        `batch_invariant`."""
+        order = sorted(admitted, key=lambda q: q.start)
+        if self.batch_invariant:
+            return [[q] for q in order]
+        groups, i = [], 0
+        for bit in reversed(range(len(order).bit_length())):
+            if len(order) >> bit & 1:
+                groups.append(order[i:i + (1 << bit)])
+                i += 1 << bit
+        return groups
 
     def _prefill(self, admitted: list[_Request]) -> None:
         t0 = time.perf_counter()
         self._grow(max(len(q.prompt) + q.max_new for q in admitted))
-        d = self._dec
-        idx = jnp.asarray([q.row for q in admitted], jnp.int32)
-        n_out = d["out_tokens"].shape[1]
-        stops = np.full((len(admitted), MAX_STOP_IDS), -1, np.int32)
-        for i, q in enumerate(admitted):
-            stops[i, :len(q.stop_ids)] = q.stop_ids
-        for name, val, dt in (("max_new", [q.max_new for q in admitted], jnp.int32),
-                              ("temperature", [q.temperature for q in admitted], jnp.float32),
-                              ("top_p", [q.top_p for q in admitted], jnp.float32),
-                              ("seed", [q.seed for q in admitted], jnp.int32),
-                              ("salt", [q.salt for q in admitted], jnp.int32)):
-            d[name] = d[name].at[idx].set(jnp.asarray(val, dt))
-        d["stop_ids"] = d["stop_ids"].at[idx].set(jnp.asarray(stops))
-        d["length"] = d["length"].at[idx].set(0)
-        d["out_tokens"] = d["out_tokens"].at[idx].set(jnp.zeros((len(admitted), n_out), jnp.int32))
-        pending = {q.row: q.prompt[q.start:] for q in admitted}
-        starts = {q.row: q.start for q in admitted}
-        self.stats.prefill_tokens += sum(len(v) for v in pending.values())
+        self.stats.prefill_tokens += sum(len(q.prompt) - q.start for q in admitted)
         self.stats.reused_tokens += sum(q.start for q in admitted)
-        while pending:
-            t = self.prefill_chunk  # one chunk shape: compiles vary only with rows-in-call and capacity
-            rows = sorted(pending)[:1] if self.batch_invariant else sorted(pending)
-            bj = min(_bucket(len(rows), 1), _bucket(self.slots, 1))
+        for group in self._groups(admitted):
+            self._prefill_rows(group)
+        for q in admitted:
+            self._rows[q.row].ids = list(q.prompt)
+        jax.block_until_ready(self._dec["logits"])
+        self.stats.prefill_s += time.perf_counter() - t0
+
+    def _prefill_rows(self, group: list[_Request]) -> None:
+        """One prefill call per `prefill_chunk` tokens of the group's longest appended part."""
+        bj, t = len(group), self.prefill_chunk  # one chunk shape: compiles vary only with rows and capacity
+        stops = np.full((bj, MAX_STOP_IDS), -1, np.int32)
+        for i, q in enumerate(group):
+            stops[i, :len(q.stop_ids)] = q.stop_ids
+        fields = {"max_new": np.asarray([q.max_new for q in group], np.int32),
+                  "temperature": np.asarray([q.temperature for q in group], np.float32),
+                  "top_p": np.asarray([q.top_p for q in group], np.float32),
+                  "seed": np.asarray([q.seed for q in group], np.int32),
+                  "salt": np.asarray([q.salt for q in group], np.int32), "stop_ids": stops}
+        row_ids = np.asarray([q.row for q in group], np.int32)
+        longest = max(len(q.prompt) - q.start for q in group)
+        for c in range(0, longest, t):
             tokens = np.zeros((bj, t), np.int32)
             n_real = np.zeros(bj, np.int32)
             start = np.zeros(bj, np.int32)
-            row_ids = np.full(bj, self.slots, np.int32)  # padding rows: out of range, dropped
-            for i, r in enumerate(rows):
-                chunk = pending[r][:t]
+            for i, q in enumerate(group):
+                chunk = q.prompt[q.start + c:q.start + c + t]
                 tokens[i, :len(chunk)] = chunk
-                n_real[i], start[i], row_ids[i] = len(chunk), starts[r], r
-                starts[r] += len(chunk)
-                pending[r] = pending[r][t:]
-                if not pending[r]:
-                    del pending[r]
-            self._keys, self._values, self._end, d["logits"] = self._prefill_fn(
-                self.state, self._keys, self._values, self._end, d["logits"], jnp.asarray(row_ids),
-                jnp.asarray(tokens), jnp.asarray(n_real), jnp.asarray(start))
-        d["active"] = d["active"].at[idx].set(True)
-        for q in admitted:
-            self._rows[q.row].ids = list(q.prompt)
-        jax.block_until_ready(d["logits"])
-        self.stats.prefill_s += time.perf_counter() - t0
+                n_real[i], start[i] = len(chunk), min(q.start + c, len(q.prompt))
+            self._keys, self._values, self._end, self._dec = self._prefill_fn(
+                self.state, self._keys, self._values, self._end, self._dec, row_ids, tokens, n_real, start, fields)
+
+    def precompile(self, capacity: int | None = None) -> dict[str, int]:
+        """Grow to `capacity` slots per row (default `cache_len`) and compile every prefill (rows
+        1, 2, 4, .. <= slots) and the decode at it, so a rollout at that capacity never compiles.
+        Padding rows only: no state changes. Call while idle. Returns `compile_counts`."""
+        with self._cv, self._device_lock, self._mesh_context():
+            if any(r.request is not None for r in self._rows) or self._queue:
+                raise RuntimeError("EpisodeSampler.precompile: requests in flight")
+            self._grow(min(int(capacity or self.cache_len), _bucket(self.cache_len, 1)))
+            for bit in range(self.slots.bit_length()):
+                bj = 1 << bit
+                pad = np.full(bj, self.slots, np.int32)
+                zeros = np.zeros(bj, np.int32)
+                fields = {"max_new": np.ones(bj, np.int32), "temperature": np.ones(bj, np.float32),
+                          "top_p": np.ones(bj, np.float32), "seed": zeros, "salt": zeros,
+                          "stop_ids": np.full((bj, MAX_STOP_IDS), -1, np.int32)}
+                self._keys, self._values, self._end, self._dec = self._prefill_fn(
+                    self.state, self._keys, self._values, self._end, self._dec, pad,
+                    np.zeros((bj, self.prefill_chunk), np.int32), zeros, zeros, fields)
+            self._keys, self._values, self._end, self._dec, _ = self._decode_fn(
+                self.state, self._keys, self._values, self._end, self._dec, np.bool_(False),
+                np.int32(self.decode_steps))
+            jax.block_until_ready(self._keys)
+        return dict(self.compile_counts)
 
     def _decode_and_retire(self) -> None:
         t0 = time.perf_counter()
+        # A free row whose episode is live (in its sandbox) will get a request soon: short calls,
+        # so it waits at most `refill_decode_steps` tokens for its row.
+        refill = any(r.request is None and r.episode_id is not None for r in self._rows)
         self._keys, self._values, self._end, self._dec, steps_done = self._decode_fn(
-            self.state, self._keys, self._values, self._end, self._dec, jnp.asarray(bool(self._queue)),
-            steps=self.decode_steps)
+            self.state, self._keys, self._values, self._end, self._dec, np.bool_(bool(self._queue)),
+            np.int32(self.refill_decode_steps if refill else self.decode_steps))
         active = np.asarray(self._dec["active"])
         self.stats.decode_calls += 1
         self.stats.decode_row_steps += self.slots * int(steps_done)
