@@ -579,17 +579,25 @@ def test_a_printed_short_test_summary_is_read_like_terminal_bench_does():
     assert vr.result_from_summary("PASSED x\n", exit_code=0, timed_out=False).error == "parse_error"
 
 
+PLAIN_TB1_TEST = "def test_file():\n    assert open('/app/x').read()\n"
+
+
+def _write_tb1(d, instruction: str, run_tests: str, tests: str) -> None:
+    """A minimal TB1 task folder: task.yaml, run-tests.sh and tests/test_outputs.py."""
+    (d / "tests").mkdir(parents=True)
+    (d / "task.yaml").write_text(f"instruction: {instruction}\n")
+    (d / "run-tests.sh").write_text(run_tests)
+    (d / "tests" / "test_outputs.py").write_text(tests)
+
+
 def test_tests_that_examine_their_own_interpreter_are_noted(tmp_path):
     """Under the protected verifier `sys.executable` / `import pip` see the project's Python:
     such a task says so (its empty attempt could pass), a plain one does not."""
     for name, body in (("tb1-own-python", "import sys\n\ndef test_pip():\n"
                                           "    assert sys.executable\n"),
-                       ("tb1-plain", "def test_file():\n    assert open('/app/x').read()\n")):
-        d = tmp_path / name
-        (d / "tests").mkdir(parents=True)
-        (d / "task.yaml").write_text("instruction: fix pip\n")
-        (d / "run-tests.sh").write_text("pip install pytest\npytest $TEST_DIR/test_outputs.py\n")
-        (d / "tests" / "test_outputs.py").write_text(body)
+                       ("tb1-plain", PLAIN_TB1_TEST)):
+        _write_tb1(tmp_path / name, "fix pip", "pip install pytest\npytest $TEST_DIR/test_outputs.py\n",
+                   body)
     own = load_task(tmp_path / "tb1-own-python").verifier.note
     assert "test_outputs.py examine the Python that runs the tests" in own, own
     assert "examine the Python" not in load_task(tmp_path / "tb1-plain").verifier.note
@@ -600,12 +608,9 @@ def test_tests_that_talk_to_a_local_server_say_why_they_fail_here(tmp_path):
     a task whose tests query localhost says so, with the file and port, and what would run it."""
     for name, body in (("tb1-web", "import urllib.request\n\ndef test_page():\n    urllib.request."
                                    "urlopen('http://localhost:8080/index.html')\n"),
-                       ("tb1-plain", "def test_file():\n    assert open('/app/x').read()\n")):
-        d = tmp_path / name
-        (d / "tests").mkdir(parents=True)
-        (d / "task.yaml").write_text("instruction: serve /app on port 8080\n")
-        (d / "run-tests.sh").write_text("pytest $TEST_DIR/test_outputs.py -rA\n")
-        (d / "tests" / "test_outputs.py").write_text(body)
+                       ("tb1-plain", PLAIN_TB1_TEST)):
+        _write_tb1(tmp_path / name, "serve /app on port 8080",
+                   "pytest $TEST_DIR/test_outputs.py -rA\n", body)
     note = load_task(tmp_path / "tb1-web").verifier.note
     assert "test_outputs.py (localhost:8080) talk to a local server" in note, note
     assert "keeps the agent's processes alive" in note
