@@ -596,8 +596,8 @@ def test_tests_that_examine_their_own_interpreter_are_noted(tmp_path):
     for name, body in (("tb1-own-python", "import sys\n\ndef test_pip():\n"
                                           "    assert sys.executable\n"),
                        ("tb1-plain", PLAIN_TB1_TEST)):
-        _write_tb1(tmp_path / name, "fix pip", "pip install pytest\npytest $TEST_DIR/test_outputs.py\n",
-                   body)
+        _write_tb1(tmp_path / name, "fix pip",
+                   "pip install pytest\npytest $TEST_DIR/test_outputs.py\n", body)
     own = load_task(tmp_path / "tb1-own-python").verifier.note
     assert "test_outputs.py examine the Python that runs the tests" in own, own
     assert "examine the Python" not in load_task(tmp_path / "tb1-plain").verifier.note
