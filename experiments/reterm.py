@@ -93,7 +93,6 @@ def get_config(variant: str = "default"):
     c.eval.top_p = 0.95
     c.eval.max_turns = 5
     c.eval.max_output_tokens = 64
-    c.eval.prompt_bucket = 256
     if variant == "quick":
         for key, value in QUICK.items():
             *path, field = key.split(".")

@@ -191,14 +191,11 @@ class Evaluator:
 
     def __init__(self, config, model, tokenizer):
         from tr.agent.policies import ModelPolicy
-        from tr.sampling.slots import EpisodeSampler
+        from tr.stages.common import episode_sampler
 
         self.config, self.model, self.tokenizer = config, model, tokenizer
-        cache_len = model.config.max_seq_len
-        self.sampler = EpisodeSampler(model, tokenizer, slots=max(EVAL_SLOTS, config.concurrency),
-                                      cache_len=cache_len, min_capacity=cache_len,
-                                      max_new_tokens=config.eval.max_output_tokens,
-                                      batch_invariant=True)
+        self.sampler = episode_sampler(model, tokenizer, slots=max(EVAL_SLOTS, config.concurrency),
+                                       max_new_tokens=config.eval.max_output_tokens)
         self.policy_cls = ModelPolicy
 
     def set_params(self, params) -> None:
@@ -305,7 +302,6 @@ def defaults(variant: str = "default"):
     config.eval.top_p = 0.95
     config.eval.max_turns = 5                             # reference <= 3 commands + DONE
     config.eval.max_output_tokens = 64
-    config.eval.prompt_bucket = 256                       # the sampler's smallest prompt bucket
     # An episode's wall-clock cap, far above what it needs: turns and tokens end the episodes, so
     # a loaded machine (or the first call's compile) never changes an evaluation.
     config.eval.wall_time_s = 1800.0

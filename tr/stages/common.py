@@ -66,8 +66,10 @@ def stage_defaults() -> ml_collections.ConfigDict:
             "summarise_at_tokens": 0,
         },
         "arrays": {"rows": 16, "length": 1024},
+        # wall_time_s: an evaluation episode's wall-clock cap, far above need, so a loaded machine
+        # never changes an evaluation (turns and tokens end the episodes; 0 = the task's own)
         "eval": {"every": 1, "k": 1, "count": 0, "temperature": 0.6, "top_p": 0.95,
-                 "at_start": True},
+                 "at_start": True, "wall_time_s": 1800.0},
         "checkpoint": {"save_every": 1, "async_save": False},
     })
 
@@ -277,19 +279,49 @@ def iteration_tasks(tasks: Sequence, iteration: int, per_iteration: int, seed: i
 # Rollouts
 
 
+def episode_sampler(model, tokenizer, *, slots: int, max_new_tokens: int):
+    """The stages' sampler: an `EpisodeSampler` (episode KV caches across turns, continuous
+    batching) with `slots` decode rows, the model's whole context as each row's cache and
+    batch-invariant prefill, so a request's tokens and log-probs depend only on the parameters,
+    its prompt and its key (seed, episode id, turn): rollouts and evaluations are the same at any
+    concurrency and any timing of the sandboxes, and compiles do not follow the row count."""
+    from tr.sampling.slots import EpisodeSampler  # pylint: disable=g-import-not-at-top
+
+    cache_len = model.config.max_seq_len
+    return EpisodeSampler(model, tokenizer, slots=slots, cache_len=cache_len,
+                          min_capacity=cache_len, max_new_tokens=max_new_tokens,
+                          batch_invariant=True)
+
+
 class Actor:
-    """The sampler over the current actor parameters: rollouts (kept as shards) and evaluation."""
+    """The sampler over the current actor parameters: rollouts (kept as shards) and evaluation.
+    A context manager: `close()` stops the sampler's engine thread."""
 
-    def __init__(self, models: Models, rollout_config):
-        from tr.sampling.sampler import JaxSampler  # pylint: disable=g-import-not-at-top
+    SLOTS = 16      # decode rows at least: fixed, so the sampler's shapes do not follow concurrency
 
+    def __init__(self, models: Models, rollout_config, eval_config=None):
         self.models = models
         self.config = rollout_config
-        self.sampler = JaxSampler(models.actor, models.tokenizer)
+        caps = [int(rollout_config.max_output_tokens)]
+        if eval_config is not None and "max_output_tokens" in eval_config:
+            caps.append(int(eval_config.max_output_tokens))
+        self.sampler = episode_sampler(models.actor, models.tokenizer,
+                                       slots=max(self.SLOTS, int(rollout_config.concurrency)),
+                                       max_new_tokens=max(caps))
 
     def sync(self, actor_params) -> None:
-        """The sampler uses `actor_params` from now on (`JaxSampler.update_weights`)."""
+        """The sampler uses `actor_params` from now on (`EpisodeSampler.update_weights`: no
+        recompile, every cached episode dropped)."""
         self.sampler.update_weights(actor_params)
+
+    def close(self) -> None:
+        self.sampler.close()
+
+    def __enter__(self) -> "Actor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _policy(self, seed: int, temperature: float, top_p: float):
         from tr.agent.policies import ModelPolicy  # pylint: disable=g-import-not-at-top
@@ -299,15 +331,19 @@ class Actor:
 
     def rollouts(self, tasks: Sequence, *, seed: int, group_size: int = 1,
                  keep_first: int | None = None, temperature: float | None = None,
-                 top_p: float | None = None, prefix: str = "ep") -> tuple[list[EpisodeRecord], dict]:
+                 top_p: float | None = None, prefix: str = "ep",
+                 wall_time_s: float | None = None) -> tuple[list[EpisodeRecord], dict]:
         """`group_size` rollouts of each task (specs seeded by `seed`), the first `keep_first` to
-        finish kept (over-sampling). The policy's sampling seed is `seed` too, so one call is a
-        pure function of the parameters and `seed` when `concurrency = 1`."""
+        finish kept (over-sampling). The policy's sampling seed is `seed` too, so without
+        over-sampling one call is a pure function of the parameters and `seed` at any
+        concurrency (`episode_sampler`)."""
         cfg = self.config
         policy = self._policy(seed, cfg.temperature if temperature is None else temperature,
                               cfg.top_p if top_p is None else top_p)
         summarise = int(cfg.get("summarise_at_tokens", 0))
         extra = {} if summarise < 0 else {"summarise_at_tokens": summarise or None}
+        if wall_time_s:      # else the task's own agent timeout
+            extra["wall_time_s"] = float(wall_time_s)
         budgets = policy.budgets(int(cfg.max_output_tokens), max_turns=int(cfg.max_turns), **extra)
         specs = group_specs(tasks, group_size, seed=seed, prefix=prefix)
         out = run_rollouts(specs, policy, policy.layout,
@@ -468,7 +504,8 @@ def evaluate_split(actor: Actor, tasks: Sequence, eval_config, *, seed: int) -> 
     at the evaluation temperature and top-p (SPEC §6)."""
     records, _ = actor.rollouts(tasks, seed=seed, group_size=int(eval_config.k),
                                 temperature=float(eval_config.temperature),
-                                top_p=float(eval_config.top_p), prefix="eval")
+                                top_p=float(eval_config.top_p), prefix="eval",
+                                wall_time_s=float(eval_config.get("wall_time_s", 0) or 0))
     return evaluation.summarise(records, tasks, int(eval_config.k))
 
 

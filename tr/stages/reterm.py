@@ -61,8 +61,7 @@ def defaults(kind: str) -> ml_collections.ConfigDict:
         "tasks": {"train_count": 48, "val_count": 32, "seed": 0},      # gym splits
         "eval": {"every": 0,                     # val Pass@1 every N updates (0: at the end only)
                  "at_start": False,              # also the handed-off actor (may be retained)
-                 "temperature": 0.6, "top_p": 0.95, "max_turns": 5, "max_output_tokens": 64,
-                 "prompt_bucket": 256},
+                 "temperature": 0.6, "top_p": 0.95, "max_turns": 5, "max_output_tokens": 64},
         "checkpoint": {"save_every": 1},
     })
     if kind == "reterm_sft":
@@ -133,12 +132,16 @@ def resolve(stage_config, kind: str) -> ml_collections.ConfigDict:
 # shared by the stages and the arms' evaluation (parameters are swapped in place).
 
 class Actor:
-    def __init__(self, model, tokenizer, *, concurrency: int, prompt_bucket: int):
-        from tr.sampling.sampler import JaxSampler
+    """The runtime's sampler (`common.episode_sampler`: episode caches across turns, continuous
+    batching, batch-invariant) and the policies over it; parameters are swapped in place."""
+
+    def __init__(self, model, tokenizer, *, concurrency: int, max_output_tokens: int):
+        from tr.stages.common import Actor as StageActor, episode_sampler
 
         self.model, self.tokenizer = model, tokenizer
-        self.sampler = JaxSampler(model, tokenizer, min_prompt_bucket=prompt_bucket,
-                                  min_batch_bucket=concurrency)
+        self.sampler = episode_sampler(model, tokenizer,
+                                       slots=max(StageActor.SLOTS, concurrency),
+                                       max_new_tokens=max_output_tokens)
         self.calls = 0
 
     def set_params(self, params) -> None:
@@ -178,7 +181,7 @@ def parent_manifest(run_dir, stage: str) -> dict:
     return json.loads(path.read_text())
 
 
-def runtime(manifest: dict, *, concurrency: int, prompt_bucket: int) -> Runtime:
+def runtime(manifest: dict, *, concurrency: int, max_output_tokens: int) -> Runtime:
     """The model, tokenizer and system prompt a stage manifest names (`embedded.from_manifest`),
     built once per process."""
     from flax import nnx
@@ -191,13 +194,13 @@ def runtime(manifest: dict, *, concurrency: int, prompt_bucket: int) -> Runtime:
         model_config, tokenizer, system_prompt = embedded.from_manifest(manifest)
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    key = (cfg["model"], cfg["tokenizer"], system_prompt, concurrency, prompt_bucket)
+    key = (cfg["model"], cfg["tokenizer"], system_prompt, concurrency, max_output_tokens)
     if key not in _RUNTIMES:
         model = Decoder(model_config, rngs=nnx.Rngs(0))
         _RUNTIMES[key] = Runtime(cfg["model"], cfg["tokenizer"], system_prompt, tokenizer,
                                  nnx_model_fns(model),
                                  Actor(model, tokenizer, concurrency=concurrency,
-                                       prompt_bucket=prompt_bucket), {})
+                                       max_output_tokens=max_output_tokens), {})
     return _RUNTIMES[key]
 
 
@@ -242,7 +245,7 @@ def open_stage(config, run_dir, *, kind: str, optimizer_config) -> Opened:
 
     parent = parent_manifest(run_dir, config.actor_from)
     rt = runtime(parent, concurrency=int(config.concurrency),
-                 prompt_bucket=int(config.eval.prompt_bucket))
+                 max_output_tokens=int(config.eval.max_output_tokens))
     optimizer = make_optimizer(optimizer_config)
     init = create_train_state(actor_params=rt.fns.actor_params, actor_optimizer=optimizer,
                               seed=int(config.seed))
@@ -639,8 +642,7 @@ def stage_entries(config) -> list[dict]:
                         "val_count": int(config.eval.val_count), "seed": int(config.seed)},
               "eval": {"every": int(config.eval.val_every), "temperature": config.eval.temperature,
                        "top_p": config.eval.top_p, "max_turns": int(config.eval.max_turns),
-                       "max_output_tokens": int(config.eval.max_output_tokens),
-                       "prompt_bucket": int(config.eval.prompt_bucket)}}
+                       "max_output_tokens": int(config.eval.max_output_tokens)}}
     grpo = {**config.grpo.to_dict(), "length": int(config.sft.length)}
     grpo.pop("batch", None)
     entries = [
@@ -745,7 +747,7 @@ def run(config, workdir):
             t0 = time.monotonic()
             if entry["name"] == "base":
                 rt = runtime(parent_manifest(workdir, "base"), concurrency=int(config.concurrency),
-                             prompt_bucket=int(config.eval.prompt_bucket))
+                             max_output_tokens=int(config.eval.max_output_tokens))
                 test_tasks = gym.split_tasks("test", config.eval.test_count, seed=config.seed)
                 by_id = {t.id: t for t in test_tasks}
                 rt.actor.set_params(load_params(workdir, "base", rt))

@@ -42,52 +42,52 @@ def run(stage_config, run_dir, **_) -> dict:
     opened = handoff.open_stage(config, run_dir, kind=KIND, actor_trains=True, critic_trains=True)
     train_tasks = common.stage_tasks(config.tasks, "train")
     val_tasks = common.stage_tasks(config.tasks, "val")[:int(config.eval.count) or None]
-    actor = common.Actor(opened.models, config.rollout)
-    actor.sync(opened.state.actor_params)
+    with common.Actor(opened.models, config.rollout, config.eval) as actor:
+        actor.sync(opened.state.actor_params)
 
-    scales = None
-    if config.rpr.reward != "strict":
-        profile_tasks = train_tasks[:int(config.rpr.profile_tasks) or None]
-        records, _ = common.cached_rollouts(
-            opened.stage_dir / "profile-rollouts.jsonl",
-            lambda: actor.rollouts(profile_tasks, seed=int(config.seed) * 1_000_003 - 1,
-                                   group_size=int(config.rollout.group_size), prefix="profile"))
-        scales = common.profile_scales(records, opened.stage_dir / "scales.json",
-                                       quantile=float(config.rpr.quantile),
-                                       failure_threshold=float(config.rpr.failure_threshold))
+        scales = None
+        if config.rpr.reward != "strict":
+            profile_tasks = train_tasks[:int(config.rpr.profile_tasks) or None]
+            records, _ = common.cached_rollouts(
+                opened.stage_dir / "profile-rollouts.jsonl",
+                lambda: actor.rollouts(profile_tasks, seed=int(config.seed) * 1_000_003 - 1,
+                                       group_size=int(config.rollout.group_size), prefix="profile"))
+            scales = common.profile_scales(records, opened.stage_dir / "scales.json",
+                                           quantile=float(config.rpr.quantile),
+                                           failure_threshold=float(config.rpr.failure_threshold))
 
-    ppo = config.train.ppo
-    steps = opened.steps
+        ppo = config.train.ppo
+        steps = opened.steps
 
-    def calibrate(state, prepared, seed):
-        del seed
-        state, metrics = steps.critic(state, prepared)
-        return state, [common.to_host(metrics)]
+        def calibrate(state, prepared, seed):
+            del seed
+            state, metrics = steps.critic(state, prepared)
+            return state, [common.to_host(metrics)]
 
-    def joint(state, prepared, seed):
-        return run_epochs(steps.ppo, state, prepared, epochs=int(ppo.epochs),
-                          mini_batches=int(ppo.mini_batches), seed=seed)
+        def joint(state, prepared, seed):
+            return run_epochs(steps.ppo, state, prepared, epochs=int(ppo.epochs),
+                              mini_batches=int(ppo.mini_batches), seed=seed)
 
-    phases = [loop.Phase("calibration", int(config.rpr.calibration_updates), 1, calibrate),
-              loop.Phase("ppo", int(config.rpr.iterations), int(ppo.epochs) * int(ppo.mini_batches),
-                         joint)]
-    parts = loop.LoopParts(
-        stage_dir=opened.stage_dir, config=config, actor=actor, targets=steps.targets,
-        train_tasks=train_tasks, val_tasks=val_tasks,
-        rewards=lambda records: common.episode_rewards(records, config.rpr.reward, scales))
-    state = loop.train_loop(parts, opened.state, opened.store, phases)
-    lines = common.read_metrics(opened.stage_dir / "metrics.jsonl")
-    evals = loop.EvalLog(opened.stage_dir)
-    retained = evals.retained()
-    val = evals.lines()
-    summary = {
-        "kind": KIND, "updates": len(lines), "reward": config.rpr.reward,
-        "scales": None if scales is None else str(opened.stage_dir / "scales.json"),
-        "ev_per_update": [common.finite_or_none(line.get("critic/explained_variance"))
-                          for line in lines],
-        "val_pass@1_before": val[0]["pass@1"] if val else None,
-        "val_pass@1_after": val[-1]["pass@1"] if val else None,
-        "retained_step": None if retained is None else retained["step"],
-        "retained_val_pass@1": None if retained is None else retained["pass@1"],
-    }
-    return handoff.finish_stage(opened, state, summary)
+        phases = [loop.Phase("calibration", int(config.rpr.calibration_updates), 1, calibrate),
+                  loop.Phase("ppo", int(config.rpr.iterations), int(ppo.epochs) * int(ppo.mini_batches),
+                             joint)]
+        parts = loop.LoopParts(
+            stage_dir=opened.stage_dir, config=config, actor=actor, targets=steps.targets,
+            train_tasks=train_tasks, val_tasks=val_tasks,
+            rewards=lambda records: common.episode_rewards(records, config.rpr.reward, scales))
+        state = loop.train_loop(parts, opened.state, opened.store, phases)
+        lines = common.read_metrics(opened.stage_dir / "metrics.jsonl")
+        evals = loop.EvalLog(opened.stage_dir)
+        retained = evals.retained()
+        val = evals.lines()
+        summary = {
+            "kind": KIND, "updates": len(lines), "reward": config.rpr.reward,
+            "scales": None if scales is None else str(opened.stage_dir / "scales.json"),
+            "ev_per_update": [common.finite_or_none(line.get("critic/explained_variance"))
+                              for line in lines],
+            "val_pass@1_before": val[0]["pass@1"] if val else None,
+            "val_pass@1_after": val[-1]["pass@1"] if val else None,
+            "retained_step": None if retained is None else retained["step"],
+            "retained_val_pass@1": None if retained is None else retained["pass@1"],
+        }
+        return handoff.finish_stage(opened, state, summary)

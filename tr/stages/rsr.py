@@ -198,137 +198,137 @@ def run(stage_config, run_dir, **_) -> dict:
     train_tasks = common.stage_tasks(config.tasks, "train")[:int(r.tasks) or None]
     val_tasks = common.stage_tasks(config.tasks, "val")[:int(config.eval.count) or None]
     tasks_by_id = {t.id: t for t in train_tasks}
-    actor = common.Actor(models, config.rollout)
-    log = common.MetricsLog(stage_dir / "metrics.jsonl")
-    evals = loop.EvalLog(stage_dir)
-    times = {}
+    with common.Actor(models, config.rollout, config.eval) as actor:
+        log = common.MetricsLog(stage_dir / "metrics.jsonl")
+        evals = loop.EvalLog(stage_dir)
+        times = {}
 
-    def evaluate(step_state) -> None:
-        step = int(jax.device_get(step_state.step))
-        if evals.has(step) or not val_tasks:
-            return
-        actor.sync(step_state.actor_params)
-        summary = common.evaluate_split(actor, val_tasks, config.eval, seed=10_000 + seed)
-        line = evals.add(step, step, summary)
-        log.progress(f"{config.name}: val at step {step}: pass@1 {line['pass@1']}")
+        def evaluate(step_state) -> None:
+            step = int(jax.device_get(step_state.step))
+            if evals.has(step) or not val_tasks:
+                return
+            actor.sync(step_state.actor_params)
+            summary = common.evaluate_split(actor, val_tasks, config.eval, seed=10_000 + seed)
+            line = evals.add(step, step, summary)
+            log.progress(f"{config.name}: val at step {step}: pass@1 {line['pass@1']}")
 
-    # The data phases use the stage's initial actor; a resumed stage past step 0 reads them back.
-    start_step = int(jax.device_get(state.step))
-    if start_step == 0:
-        actor.sync(state.actor_params)
-        if config.eval.at_start:
-            evaluate(state)
-        actor.sync(state.actor_params)
-    t0 = time.monotonic()
-    explored, explore_stats = common.cached_rollouts(
-        stage_dir / "explore.jsonl",
-        lambda: _initial_only(start_step) or actor.rollouts(
-            train_tasks, seed=seed * 1_000_003 + 1, group_size=int(r.explore_k),
-            prefix="explore"))
-    times["explore_s"] = time.monotonic() - t0
-    successes = [x for x in explored if x.status.counts and x.passed]
-
-    t0 = time.monotonic()
-    runbooks_path = stage_dir / "runbooks.jsonl"
-    if runbooks_path.exists():
-        entries = [json.loads(x) for x in runbooks_path.read_text().splitlines() if x.strip()]
-    else:
-        planner = rb.make_planner(r.planner, **(_http_kwargs(config) if r.planner == "http" else {}))
-        reviewer = rb.make_reviewer(r.reviewer,
-                                    **(_http_kwargs(config) if r.reviewer == "http" else {}))
-        entries = plan_and_review(successes, tasks_by_id, planner, reviewer)
-        tmp = runbooks_path.with_name(runbooks_path.name + ".tmp")
-        tmp.write_text("".join(json.dumps(e, sort_keys=True) + "\n" for e in entries))
-        tmp.replace(runbooks_path)
-    times["plan_s"] = time.monotonic() - t0
-
-    t0 = time.monotonic()
-    to_replay = replay_tasks(entries, tasks_by_id)
-    replay_by_id = {t.id: t.id.rsplit("@rb", 1)[0] for t in to_replay}
-    replay_tasks_by_id = {t.id: t for t in to_replay}
-    if to_replay:
-        replays, replay_stats = common.cached_rollouts(
-            stage_dir / "replays.jsonl",
+        # The data phases use the stage's initial actor; a resumed stage past step 0 reads them back.
+        start_step = int(jax.device_get(state.step))
+        if start_step == 0:
+            actor.sync(state.actor_params)
+            if config.eval.at_start:
+                evaluate(state)
+            actor.sync(state.actor_params)
+        t0 = time.monotonic()
+        explored, explore_stats = common.cached_rollouts(
+            stage_dir / "explore.jsonl",
             lambda: _initial_only(start_step) or actor.rollouts(
-                to_replay, seed=seed * 1_000_003 + 2, group_size=int(r.replay_m),
-                prefix="replay"))
-    else:
-        replays, replay_stats = [], {"launched": 0, "kept": 0}
-    times["replay_s"] = time.monotonic() - t0
-    accepted, leaks = accepted_replays(replays, replay_by_id, tasks_by_id)
-    clean = sample_clean(accepted, replay_by_id, int(r.per_task), seed)
-    layout = ChatLayout(models.tokenizer)
-    length = int(config.arrays.length)
-    seqs, too_long = sft_sequences(clean, layout, models.system_prompt, replay_tasks_by_id,
-                                   tasks_by_id, replay_by_id, length)
-    per_epoch = -(-len(seqs) // int(r.batch)) if seqs else 0
-    total = per_epoch * int(r.epochs)
-    reasons = collections.Counter(reason.split(" '")[0] for e in entries for reason in e["reasons"])
-    data = {
-        "tasks": len(train_tasks), "explored": len(explored),
-        "explore_pass_rate": common.rollout_summary(explored, [0.0] * len(explored))["pass_rate"],
-        "successes": len(successes), "tasks_with_success": len({x.task_id for x in successes}),
-        "runbooks": len(entries), "runbooks_accepted": sum(e["accept"] for e in entries),
-        "reject_reasons": dict(reasons), "replayed_runbooks": len(to_replay),
-        "replays": len(replays), "replay_passes": sum(bool(x.passed) for x in replays),
-        "replay_leaks": len(leaks), "accepted_replays": len(accepted), "q_clean": len(clean),
-        "q_clean_tasks": len({replay_by_id[x.task_id] for x in clean}),
-        "q_clean_episodes": [x.episode_id for x in clean], "sequences": len(seqs),
-        "too_long": too_long, "updates": total,
-        "explore_rollouts": explore_stats, "replay_rollouts": replay_stats,
-    }
-    _write_json(stage_dir / "dataset.json", data)
-    log.progress(f"{config.name}: explored {len(explored)} ({len(successes)} passed), runbooks "
-                 f"{data['runbooks_accepted']}/{len(entries)} accepted, replays "
-                 f"{data['replay_passes']}/{len(replays)} passed, {len(leaks)} leaked, "
-                 f"Q_clean {len(clean)} -> {total} updates")
+                train_tasks, seed=seed * 1_000_003 + 1, group_size=int(r.explore_k),
+                prefix="explore"))
+        times["explore_s"] = time.monotonic() - t0
+        successes = [x for x in explored if x.status.counts and x.passed]
 
-    # SFT on Q_clean (plain prompts), checkpointed; resumes at the checkpoint's step.
-    t0 = time.monotonic()
-    step = int(jax.device_get(state.step))
-    log.truncate(step)
-    if step > 0 and _eval_due(step - 1, total, int(config.eval.every)):
-        evaluate(state)        # killed after saving this step, before evaluating it
-    batch_size = int(r.batch)
-    while step < total:
-        batch = sft_batch(seqs, step, batch=batch_size, length=length, seed=seed)
-        state, metrics = opened.steps.sft(state, {k: jax.numpy.asarray(v)
-                                                  for k, v in batch.items()})
-        metrics = common.to_host(metrics)
-        log.write([{"stage": config.name, "iteration": step, "step": step + 1, "phase": "sft",
-                    "rows": int(batch["loss_mask"].any(axis=1).sum()),
-                    "loss_tokens": int(batch["loss_mask"].sum()), **metrics}])
-        opened.store.save(state, force=step + 1 == total)
-        step += 1
-        if step % max(1, total // 4) == 0 or step == total:
-            log.progress(f"{config.name} sft {step}/{total}: loss {metrics['actor/loss']:.3f}")
-        if _eval_due(step - 1, total, int(config.eval.every)):
-            opened.store.save(state, force=True)
+        t0 = time.monotonic()
+        runbooks_path = stage_dir / "runbooks.jsonl"
+        if runbooks_path.exists():
+            entries = [json.loads(x) for x in runbooks_path.read_text().splitlines() if x.strip()]
+        else:
+            planner = rb.make_planner(r.planner, **(_http_kwargs(config) if r.planner == "http" else {}))
+            reviewer = rb.make_reviewer(r.reviewer,
+                                        **(_http_kwargs(config) if r.reviewer == "http" else {}))
+            entries = plan_and_review(successes, tasks_by_id, planner, reviewer)
+            tmp = runbooks_path.with_name(runbooks_path.name + ".tmp")
+            tmp.write_text("".join(json.dumps(e, sort_keys=True) + "\n" for e in entries))
+            tmp.replace(runbooks_path)
+        times["plan_s"] = time.monotonic() - t0
+
+        t0 = time.monotonic()
+        to_replay = replay_tasks(entries, tasks_by_id)
+        replay_by_id = {t.id: t.id.rsplit("@rb", 1)[0] for t in to_replay}
+        replay_tasks_by_id = {t.id: t for t in to_replay}
+        if to_replay:
+            replays, replay_stats = common.cached_rollouts(
+                stage_dir / "replays.jsonl",
+                lambda: _initial_only(start_step) or actor.rollouts(
+                    to_replay, seed=seed * 1_000_003 + 2, group_size=int(r.replay_m),
+                    prefix="replay"))
+        else:
+            replays, replay_stats = [], {"launched": 0, "kept": 0}
+        times["replay_s"] = time.monotonic() - t0
+        accepted, leaks = accepted_replays(replays, replay_by_id, tasks_by_id)
+        clean = sample_clean(accepted, replay_by_id, int(r.per_task), seed)
+        layout = ChatLayout(models.tokenizer)
+        length = int(config.arrays.length)
+        seqs, too_long = sft_sequences(clean, layout, models.system_prompt, replay_tasks_by_id,
+                                       tasks_by_id, replay_by_id, length)
+        per_epoch = -(-len(seqs) // int(r.batch)) if seqs else 0
+        total = per_epoch * int(r.epochs)
+        reasons = collections.Counter(reason.split(" '")[0] for e in entries for reason in e["reasons"])
+        data = {
+            "tasks": len(train_tasks), "explored": len(explored),
+            "explore_pass_rate": common.rollout_summary(explored, [0.0] * len(explored))["pass_rate"],
+            "successes": len(successes), "tasks_with_success": len({x.task_id for x in successes}),
+            "runbooks": len(entries), "runbooks_accepted": sum(e["accept"] for e in entries),
+            "reject_reasons": dict(reasons), "replayed_runbooks": len(to_replay),
+            "replays": len(replays), "replay_passes": sum(bool(x.passed) for x in replays),
+            "replay_leaks": len(leaks), "accepted_replays": len(accepted), "q_clean": len(clean),
+            "q_clean_tasks": len({replay_by_id[x.task_id] for x in clean}),
+            "q_clean_episodes": [x.episode_id for x in clean], "sequences": len(seqs),
+            "too_long": too_long, "updates": total,
+            "explore_rollouts": explore_stats, "replay_rollouts": replay_stats,
+        }
+        _write_json(stage_dir / "dataset.json", data)
+        log.progress(f"{config.name}: explored {len(explored)} ({len(successes)} passed), runbooks "
+                     f"{data['runbooks_accepted']}/{len(entries)} accepted, replays "
+                     f"{data['replay_passes']}/{len(replays)} passed, {len(leaks)} leaked, "
+                     f"Q_clean {len(clean)} -> {total} updates")
+
+        # SFT on Q_clean (plain prompts), checkpointed; resumes at the checkpoint's step.
+        t0 = time.monotonic()
+        step = int(jax.device_get(state.step))
+        log.truncate(step)
+        if step > 0 and _eval_due(step - 1, total, int(config.eval.every)):
+            evaluate(state)        # killed after saving this step, before evaluating it
+        batch_size = int(r.batch)
+        while step < total:
+            batch = sft_batch(seqs, step, batch=batch_size, length=length, seed=seed)
+            state, metrics = opened.steps.sft(state, {k: jax.numpy.asarray(v)
+                                                      for k, v in batch.items()})
+            metrics = common.to_host(metrics)
+            log.write([{"stage": config.name, "iteration": step, "step": step + 1, "phase": "sft",
+                        "rows": int(batch["loss_mask"].any(axis=1).sum()),
+                        "loss_tokens": int(batch["loss_mask"].sum()), **metrics}])
+            opened.store.save(state, force=step + 1 == total)
+            step += 1
+            if step % max(1, total // 4) == 0 or step == total:
+                log.progress(f"{config.name} sft {step}/{total}: loss {metrics['actor/loss']:.3f}")
+            if _eval_due(step - 1, total, int(config.eval.every)):
+                opened.store.save(state, force=True)
+                evaluate(state)
+        opened.store.wait()
+        times["sft_s"] = time.monotonic() - t0
+        if total == 0 and config.eval.at_start:
             evaluate(state)
-    opened.store.wait()
-    times["sft_s"] = time.monotonic() - t0
-    if total == 0 and config.eval.at_start:
-        evaluate(state)
-    retained = evals.retained()
-    val = evals.lines()
-    lines = common.read_metrics(stage_dir / "metrics.jsonl")
-    summary = {
-        "kind": KIND, **{k: v for k, v in data.items() if k != "q_clean_episodes"},
-        "planner": r.planner, "reviewer": r.reviewer,
-        "sft_loss_first": lines[0]["actor/loss"] if lines else None,
-        "sft_loss_last": lines[-1]["actor/loss"] if lines else None,
-        "val_pass@1_before": val[0]["pass@1"] if val else None,
-        "val_pass@1_after": val[-1]["pass@1"] if val else None,
-        "retained_step": None if retained is None else retained["step"],
-        "retained_val_pass@1": None if retained is None else retained["pass@1"],
-        "critic_frozen": bool(config.critic_from), "wall_s": time.monotonic() - t_start, **times,
-    }
-    out = handoff.finish_stage(opened, state, summary)
-    if config.critic_from:
-        manifest = json.loads((stage_dir / "stage.json").read_text())
-        if manifest["critic_hash_before"] != manifest["critic_hash_after"]:
-            raise RuntimeError(f"stage {config.name!r}: the critic changed during RSR")
-    return out
+        retained = evals.retained()
+        val = evals.lines()
+        lines = common.read_metrics(stage_dir / "metrics.jsonl")
+        summary = {
+            "kind": KIND, **{k: v for k, v in data.items() if k != "q_clean_episodes"},
+            "planner": r.planner, "reviewer": r.reviewer,
+            "sft_loss_first": lines[0]["actor/loss"] if lines else None,
+            "sft_loss_last": lines[-1]["actor/loss"] if lines else None,
+            "val_pass@1_before": val[0]["pass@1"] if val else None,
+            "val_pass@1_after": val[-1]["pass@1"] if val else None,
+            "retained_step": None if retained is None else retained["step"],
+            "retained_val_pass@1": None if retained is None else retained["pass@1"],
+            "critic_frozen": bool(config.critic_from), "wall_s": time.monotonic() - t_start, **times,
+        }
+        out = handoff.finish_stage(opened, state, summary)
+        if config.critic_from:
+            manifest = json.loads((stage_dir / "stage.json").read_text())
+            if manifest["critic_hash_before"] != manifest["critic_hash_after"]:
+                raise RuntimeError(f"stage {config.name!r}: the critic changed during RSR")
+        return out
 
 
 def _initial_only(step: int):

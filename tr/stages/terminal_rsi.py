@@ -247,7 +247,7 @@ def evaluate_stage(run_dir: pathlib.Path, stage: str, report_config, tasks, *, s
     from tr.agent import evaluation  # pylint: disable=g-import-not-at-top
     from tr.agent.policies import ModelPolicy  # pylint: disable=g-import-not-at-top
     from tr.models.decoder import Decoder  # pylint: disable=g-import-not-at-top
-    from tr.sampling.sampler import JaxSampler  # pylint: disable=g-import-not-at-top
+    from tr.stages import common  # pylint: disable=g-import-not-at-top
     from tr.train.checkpoint import StageStore  # pylint: disable=g-import-not-at-top
 
     model_config, tokenizer, system_prompt = stage_graph(run_dir, stage)
@@ -259,15 +259,23 @@ def evaluate_stage(run_dir: pathlib.Path, stage: str, report_config, tasks, *, s
     nnx.replace_by_pure_dict(state, params)
     nnx.update(model, state)
     rc = report_config
-    sampler = JaxSampler(model, tokenizer, min_batch_bucket=int(rc.concurrency))
+    sampler = common.episode_sampler(model, tokenizer,
+                                     slots=max(common.Actor.SLOTS, int(rc.concurrency)),
+                                     max_new_tokens=int(rc.max_output_tokens))
     policy = ModelPolicy(sampler, tokenizer, temperature=float(rc.temperature),
                          top_p=float(rc.top_p), seed=seed, name=stage)
+    # turns and tokens end the episodes; the wall-clock cap is far above need (a loaded machine
+    # never changes an evaluation)
     budgets = policy.budgets(int(rc.max_output_tokens), max_turns=int(rc.max_turns),
-                             summarise_at_tokens=None)
+                             summarise_at_tokens=None,
+                             wall_time_s=float(rc.get("wall_time_s", 1800.0)))
     t0 = time.monotonic()
-    summary = evaluation.evaluate({stage: policy}, tasks, k=int(rc.k), workdir=out_dir,
-                                  concurrency=int(rc.concurrency), budgets=budgets, seed=seed,
-                                  progress=False, system_prompt=system_prompt)[stage]
+    try:
+        summary = evaluation.evaluate({stage: policy}, tasks, k=int(rc.k), workdir=out_dir,
+                                      concurrency=int(rc.concurrency), budgets=budgets, seed=seed,
+                                      progress=False, system_prompt=system_prompt)[stage]
+    finally:
+        sampler.close()
     data = {"stage": stage, "retained_step": step, "eval_s": time.monotonic() - t0, **summary}
     tmp = cached.with_name("eval.json.tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str))

@@ -56,13 +56,13 @@ def run(stage_config, run_dir, **_) -> dict:
         return state, [{**m, "ev_before": ev_before, "ev_after": ev_after} for m in history]
 
     phases = [loop.Phase("critic", iterations, int(ppo.epochs) * int(ppo.mini_batches), update)]
-    parts = loop.LoopParts(
-        stage_dir=opened.stage_dir, config=config,
-        actor=common.Actor(opened.models, config.rollout), targets=opened.steps.targets,
-        train_tasks=tasks, val_tasks=common.stage_tasks(config.tasks, "val")[
-            :int(config.eval.count) or None] if config.eval.at_start else [],
-        rewards=lambda records: common.episode_rewards(records, "strict"))
-    state = loop.train_loop(parts, opened.state, opened.store, phases)
+    with common.Actor(opened.models, config.rollout, config.eval) as actor:
+        parts = loop.LoopParts(
+            stage_dir=opened.stage_dir, config=config, actor=actor, targets=opened.steps.targets,
+            train_tasks=tasks, val_tasks=common.stage_tasks(config.tasks, "val")[
+                :int(config.eval.count) or None] if config.eval.at_start else [],
+            rewards=lambda records: common.episode_rewards(records, "strict"))
+        state = loop.train_loop(parts, opened.state, opened.store, phases)
     lines = common.read_metrics(opened.stage_dir / "metrics.jsonl")
     summary = {"kind": KIND, "iterations": iterations, "updates": len(lines),
                "ev_before": lines[0]["ev_before"] if lines else None,
