@@ -57,11 +57,13 @@ def get_config(variant: str = "default"):
     # `overrides` holds its sections' fields to change (demos / sft / eval / select)
     c.base = ml_collections.ConfigDict({"variant": "default", "overrides": {}})
     c.data = ml_collections.ConfigDict()
-    c.data.train_tasks = 32                           # Base attempts each `attempts` times
+    c.data.train_tasks = 64                           # Base attempts each `attempts` times
     c.data.attempts = 2
     # the teacher: "embedded" (inspect + gym repair) or "http" (base_url, model: any
     # OpenAI-compatible endpoint); its own budgets (a text policy, not bound to the sampler)
-    c.teacher = ml_collections.ConfigDict({"kind": "embedded", "base_url": "", "model": "",
+    # thoughts: "student" (the embedded model's own THOUGHT phrases) or "teacher" (descriptive)
+    c.teacher = ml_collections.ConfigDict({"kind": "embedded", "thoughts": "student",
+                                           "base_url": "", "model": "",
                                            "max_turns": 8, "max_output_tokens": 512,
                                            "max_context_tokens": 8192,
                                            # the optional LLM judge of flagged recoveries

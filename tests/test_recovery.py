@@ -95,6 +95,20 @@ def test_embedded_teacher_recovers_from_the_state_it_finds(world):
     passed = {r.family: bool(r.passed) for r in replays}
     assert passed["copy-keep"] is False and passed["move-logs"] is False
 
+    # the student's own THOUGHT phrases (`teacher.thoughts = "student"`): the same commands
+    student = rc.teacher_recoveries(
+        rc.EmbeddedTeacher(tasks, thoughts=("Next step.", "Next step.", "The task is complete.")),
+        failures, by_id, layout, config)
+    for r, s in zip(recs, student):
+        assert s.passed and [t.command for t in s.turns] == [t.command for t in r.turns]
+        start = max(i for i, m in enumerate(s.messages) if m["content"] == s.recovery_prompt)
+        said = [m["content"] for m in s.messages[start:] if m["role"] == "assistant"]
+        assert len(said) >= 2
+        assert all(x.startswith("THOUGHT: Next step.") for x in said[:-1])
+        assert said[-1].startswith("THOUGHT: The task is complete.")
+    with pytest.raises(ValueError, match="thoughts needs 3 lines"):
+        rc.EmbeddedTeacher(tasks, thoughts=("Next step.",))
+
     rows, counts = rc.build_dataset(failures, recs + replays, by_id, layout)
     assert counts["recoveries"] == 8 and counts["kept"] == 4 + sum(passed.values())
     assert counts["rejected_by"]["verifier"] == sum(not r.passed for r in replays)

@@ -158,6 +158,9 @@ def test_stage_config_errors_are_named(tmp_path):
               reterm.run_sft, "unknown config field"),
              ({"name": "s", "kind": "reterm_sft", "actor_from": "base",
                "teacher": {"kind": "oracle"}}, reterm.run_sft, "teacher.kind = 'oracle'"),
+             ({"name": "s", "kind": "reterm_sft", "actor_from": "base",
+               "teacher": {"thoughts": "verbose"}}, reterm.run_sft,
+              "teacher.thoughts = 'verbose'"),
              ({"name": "s", "kind": "reterm_sft", "actor_from": "base"}, reterm.run_sft,
               "stage 'base' named as a parent has no manifest"))
     for entry, fn, match in cases:

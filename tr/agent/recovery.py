@@ -97,10 +97,25 @@ class EmbeddedTeacher:
     """A CPU teacher that really recovers from the state it finds: one inspecting command, then
     on a gym task the family's ``repair_commands`` (they reach the goal from any state the
     family's mistakes leave), on any other task its reference solution replayed from s_f, one
-    command per turn, then DONE.  It reads neither the verifier nor the tests."""
+    command per turn, then DONE.  It reads neither the verifier nor the tests.
 
-    def __init__(self, tasks: Sequence, *, name: str = "embedded-teacher"):
+    ``thoughts``: the THOUGHT lines of (the inspecting turn, a repair turn, the DONE turn);
+    ``{k}``/``{n}`` in the repair one are the step and the count.  A student trained on the
+    teacher's tokens learns these words too: give it the phrases it already uses (the gym's Base
+    says "Next step." / "The task is complete."), else SFT teaches a new prose along with the
+    recovery, and a tiny model composes the two (it learned "THOUGHT: The" from the teacher's
+    first line and finished it with its own DONE thought on every fresh task)."""
+
+    DEFAULT_THOUGHTS = ("The last attempt failed; inspect the state it left.",
+                        "Repair step {k} of {n}.", "Repaired and checked; the task is complete.")
+
+    def __init__(self, tasks: Sequence, *, name: str = "embedded-teacher",
+                 thoughts: Sequence[str] = DEFAULT_THOUGHTS):
+        if len(thoughts) != 3:
+            raise ValueError(f"{name}: thoughts needs 3 lines (inspect, repair, done), got "
+                             f"{len(thoughts)}")
         self.name = name
+        self.thoughts = tuple(thoughts)
         self.plans = {t.id: self.plan(t) for t in tasks}
 
     @staticmethod
@@ -123,12 +138,13 @@ class EmbeddedTeacher:
                 raise ValueError(f"{self.name}: no plan for task {req.task_id!r}")
             plan = self.plans[req.task_id]
             k = _after_recovery_prompt(req.messages)
+            inspect, repair, done = self.thoughts
             if k == 0:
-                text = format_action("The last attempt failed; inspect the state it left.", plan[0])
+                text = format_action(inspect, plan[0])
             elif k < len(plan):
-                text = format_action(f"Repair step {k} of {len(plan) - 1}.", plan[k])
+                text = format_action(repair.format(k=k, n=len(plan) - 1), plan[k])
             else:
-                text = format_action("Repaired and checked; the task is complete.", None)
+                text = format_action(done, None)
             out.append(Generation(text=text, source="teacher"))
         return out
 

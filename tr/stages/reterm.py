@@ -69,7 +69,11 @@ def defaults(kind: str) -> ml_collections.ConfigDict:
         # "embedded" (inspect + gym repair) or "http" (any OpenAI-compatible endpoint); its own
         # budgets (a text policy, not bound to the sampler); judge_url: the optional LLM judge
         # of flagged recoveries (compliance, efficiency), else a flag rejects
-        c.teacher = {"kind": "embedded", "base_url": "", "model": "", "max_turns": 8,
+        # thoughts (embedded teacher): "student" = the embedded model's own THOUGHT phrases
+        # (tr/stages/embedded.py), so SFT teaches the recovery commands, not a new prose;
+        # "teacher" = the teacher's descriptive ones (`recovery.EmbeddedTeacher.DEFAULT_THOUGHTS`)
+        c.teacher = {"kind": "embedded", "thoughts": "student", "base_url": "", "model": "",
+                     "max_turns": 8,
                      "max_output_tokens": 512, "max_context_tokens": 8192,
                      "judge_url": "", "judge_model": ""}
         c.sft = {"steps": 30, "batch": 8, "length": 1024,
@@ -121,10 +125,23 @@ def resolve(stage_config, kind: str) -> ml_collections.ConfigDict:
         if config.queue.capacity < 1:
             raise ConfigError(f"stage {config.name!r}: queue.capacity must be >= 1, got "
                               f"{config.queue.capacity}")
+    if kind == "reterm_sft":
+        teacher_thoughts(config.teacher.thoughts)
     if kind == "reterm_sft" and config.teacher.kind not in ("embedded", "http"):
         raise ConfigError(f"stage {config.name!r}: teacher.kind = {config.teacher.kind!r}: "
                           "expected 'embedded' or 'http'")
     return config
+
+
+def teacher_thoughts(kind: str) -> tuple[str, str, str]:
+    """The embedded teacher's THOUGHT lines (inspect, repair, done) for `teacher.thoughts`."""
+    from tr.agent.recovery import EmbeddedTeacher
+
+    if kind == "student":
+        return (embedded.ACT_THOUGHT, embedded.ACT_THOUGHT, embedded.DONE_THOUGHT)
+    if kind == "teacher":
+        return EmbeddedTeacher.DEFAULT_THOUGHTS
+    raise ConfigError(f"teacher.thoughts = {kind!r}: expected 'student' or 'teacher'")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -370,7 +387,7 @@ def collect_dataset(config, rt: Runtime, params, data_dir: pathlib.Path) -> dict
     t = config.teacher
     try:
         if t.kind == "embedded":
-            teacher = recovery.EmbeddedTeacher(tasks)
+            teacher = recovery.EmbeddedTeacher(tasks, thoughts=teacher_thoughts(t.thoughts))
         else:
             teacher = recovery.make_teacher("http", base_url=t.base_url, model=t.model)
         teacher_rc = dataclasses.replace(rc, budgets=Budgets(
