@@ -75,3 +75,20 @@ def test_hf_tokenizer_errors_name_the_file_and_token(tmp_path, hf_path):
 def test_load_tokenizer_default_is_bytes():
     assert isinstance(load_tokenizer(None), ByteTokenizer)
     assert load_tokenizer("byte", vocab_size=300).vocab_size == 300
+
+
+def test_a_pinned_tokenizer_refuses_a_changed_file(tmp_path, hf_path):
+    import shutil
+
+    from tr.models.tokenizer import pin_tokenizer
+
+    path = tmp_path / "tok.json"
+    shutil.copy(hf_path, path)
+    spec = pin_tokenizer(str(path))
+    assert spec.startswith(str(path)) and "#sha256=" in spec
+    assert pin_tokenizer(spec) == spec and pin_tokenizer("byte") == "byte"
+    assert load_tokenizer(spec).encode("ls -la") == load_tokenizer(str(path)).encode("ls -la")
+    path.write_text(json.dumps({**json.loads(path.read_text()), "truncation": None}) + " ")
+    with pytest.raises(ValueError, match=r"tok.json.*has sha256 .* the run recorded"):
+        load_tokenizer(spec)
+    load_tokenizer(str(path))          # unpinned: whatever the file is now

@@ -155,11 +155,43 @@ class HFTokenizer:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
 
+PIN = "#sha256="
+
+
+def _tokenizer_file(path: str) -> str:
+    return os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+
+
+def tokenizer_digest(path: str | os.PathLike) -> str:
+    """sha256 of a tokenizer.json (or its folder's)."""
+    import hashlib
+
+    with open(_tokenizer_file(os.fspath(path)), "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def pin_tokenizer(spec: str, path: str | os.PathLike | None = None) -> str:
+    """`spec` with the file's digest appended (`spec#sha256=<hex>`; 'byte' stays as it is), so a
+    manifest that records it loads only that exact file (`path`: where `spec` resolves to)."""
+    if spec in ("", "byte") or PIN in spec:
+        return spec
+    return f"{spec}{PIN}{tokenizer_digest(path or spec)}"
+
+
 def load_tokenizer(spec: str | None = None, vocab_size: int = 512) -> Tokenizer:
-    """`None` or `'byte'` -> ByteTokenizer(vocab_size); otherwise a path to tokenizer.json (or its folder)."""
+    """`None` or `'byte'` -> ByteTokenizer(vocab_size); otherwise a path to tokenizer.json (or its
+    folder), optionally pinned (`path#sha256=<hex>`, `pin_tokenizer`): a file whose digest differs
+    (retrained or edited since the run that recorded it) raises ValueError naming both."""
     if spec in (None, "", "byte"):
         return ByteTokenizer(vocab_size)
-    return HFTokenizer(spec)
+    path, _, want = os.fspath(spec).partition(PIN)
+    if want and os.path.exists(path):
+        have = tokenizer_digest(path)
+        if have != want:
+            raise ValueError(f"tokenizer {_tokenizer_file(path)!r} has sha256 {have[:12]}..., but the "
+                             f"run recorded {want[:12]}...: the file changed since (retrained?); use "
+                             "the checkout the run was made with, or start a new run directory")
+    return HFTokenizer(path)
 
 
 def tokenizer_fingerprint(tokenizer: Tokenizer) -> str:

@@ -56,6 +56,16 @@ def load_tokenizer(spec: str = TOKENIZER):
     return load(spec if spec in ("", "byte") else str(_repo_path(spec)))
 
 
+def pin_tokenizer(spec: str) -> str:
+    """`spec` pinned to its file's digest (`tr.models.tokenizer.pin_tokenizer`): the children of a
+    stage that records it refuse a retrained file instead of decoding with the wrong ids."""
+    from tr.models.tokenizer import PIN, pin_tokenizer as pin
+
+    if spec in ("", "byte") or PIN in spec:
+        return spec
+    return pin(spec, _repo_path(spec))
+
+
 def model_config(name: str = MODEL, **overrides):
     from tr.models.config import get_model_config
 
