@@ -28,7 +28,7 @@ from typing import Iterable, Mapping, Sequence
 from tr.envs.gym.families import FAMILY_LIST, Family, Instance
 from tr.envs.tasks.model import Task
 
-GYM_VERSION = 2
+GYM_VERSION = 3
 FAMILIES: Mapping[str, Family] = {f.name: f for f in FAMILY_LIST}
 HELDOUT_FAMILY = "uid-lookup"
 SPLITS = ("train", "val", "test")

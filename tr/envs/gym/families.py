@@ -81,10 +81,10 @@ def write_file(rng: random.Random) -> Instance:
     return Instance(
         instruction=f"Create the file /app/{path} containing the single line {word}",
         files={"README": "scratch space\n"},
-        solution=(f"mkdir -p {d} && echo {word} > {path}",),
-        partial=(f"mkdir -p {d}",),
+        solution=(f"mkdir -p /app/{d} && echo {word} > /app/{path}",),
+        partial=(f"mkdir -p /app/{d}",),
         mistakes=(f"echo {word} > {name}.txt",),
-        repair=(f"mkdir -p {d} && echo {word} > {path}",),
+        repair=(f"mkdir -p /app/{d} && echo {word} > /app/{path}",),
         constants={"PATH": f"/app/{path}", "WORD": word},
         checks='''
 def test_dir_exists():
@@ -111,10 +111,11 @@ def copy_keep(rng: random.Random) -> Instance:
     return Instance(
         instruction=f"Copy /app/{src} to /app/{dst} and keep the original file where it is.",
         files={src: content, f"data/{b}.txt": _line(rng) + "\n"},
-        solution=(f"mkdir -p backup && cp {src} {dst}",),
-        partial=("mkdir -p backup",),
-        mistakes=(f"mkdir -p backup && mv {src} {dst}",),
-        repair=(f"mkdir -p backup && (test -f {src} || cp {dst} {src})", f"cp {src} {dst}"),
+        solution=(f"mkdir -p /app/backup && cp /app/{src} /app/{dst}",),
+        partial=("mkdir -p /app/backup",),
+        mistakes=(f"mkdir -p /app/backup && mv /app/{src} /app/{dst}",),
+        repair=(f"mkdir -p /app/backup && (test -f /app/{src} || cp /app/{dst} /app/{src})",
+                f"cp /app/{src} /app/{dst}"),
         constants={"SRC": f"/app/{src}", "DST": f"/app/{dst}", "CONTENT": content},
         checks='''
 def test_backup_dir():
@@ -193,10 +194,10 @@ def follow_pointer(rng: random.Random) -> Instance:
         instruction="/app/next.txt holds the name of a file in /app/store. Copy that file to "
                     "/app/found.txt.",
         files={"next.txt": target + "\n", **{f"store/{n}": c for n, c in store.items()}},
-        solution=("cat next.txt", f"cp store/{target} found.txt"),
-        partial=("cat next.txt", f"cp store/{wrong} found.txt"),
-        mistakes=("cp next.txt found.txt",),
-        repair=("cat next.txt", f"cp store/{target} found.txt"),
+        solution=("cat /app/next.txt", f"cp /app/store/{target} /app/found.txt"),
+        partial=("cat /app/next.txt", f"cp /app/store/{wrong} /app/found.txt"),
+        mistakes=("cp /app/next.txt /app/found.txt",),
+        repair=("cat /app/next.txt", f"cp /app/store/{target} /app/found.txt"),
         constants={"STORE": store, "TARGET": target},
         checks='''
 FOUND = Path("/app/found.txt")
