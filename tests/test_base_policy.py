@@ -79,9 +79,11 @@ def test_quick_variant_writes_base_json_and_an_actor_stage(tmp_path):
     work = tmp_path / "run"
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "TR_GYM_DIR": str(tmp_path / "gym")}
     proc = subprocess.run([sys.executable, "experiments/main.py",
-                           "--config=experiments/base_policy.py:quick", f"--workdir={work}"],
+                           "--config=experiments/base_policy.py:quick", f"--workdir={work}",
+                           "--config.sft.copy_warmup_steps=2"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "copy warm-up: 2 steps" in proc.stdout
     result = json.loads((work / "base.json").read_text())
     assert 0.0 <= result["val"]["pass_at_1"] <= 1.0 and result["wall_s"] > 0
     assert set(result["test"]["by_family"]) == set(gym.FAMILIES)
@@ -89,14 +91,17 @@ def test_quick_variant_writes_base_json_and_an_actor_stage(tmp_path):
     assert result["selected_step"] in {e["step"] for e in result["evals"]}
     assert result["demos"]["episodes"] == 24 and result["demos"]["sequences"] > 0
     manifest = json.loads((work / "base" / "stage.json").read_text())
-    assert manifest["kind"] == "sft" and manifest["finished_step"] == result["selected_step"]
+    # the checkpoint counts the 2 copy warm-up updates too; children load it at that step
+    assert manifest["kind"] == "sft" and manifest["finished_step"] == result["selected_step"] + 2
+    summary = json.loads((work / "base" / "summary.json").read_text())
+    assert summary["retained_step"] == manifest["finished_step"]
     assert manifest["config"]["model"] == "gym"
-    assert manifest["config"]["tokenizer"] == embedded.TOKENIZER
+    assert manifest["config"]["tokenizer"] == embedded.pin_tokenizer(embedded.TOKENIZER)
     model_cfg, tok, prompt = embedded.from_manifest(manifest)
     assert model_cfg.name == "gym" and tok.vocab_size == embedded.load_tokenizer().vocab_size
     assert prompt == embedded.SYSTEM_PROMPT
     steps = sorted(p.name for p in (work / "base" / "checkpoints").iterdir())
-    assert steps == [str(result["selected_step"])]
+    assert steps == [str(result["selected_step"] + 2)]
     saved = sorted(p.name for p in (work / "base" / "checkpoints" / steps[0]).iterdir())
     assert "actor_params" in saved and "critic_params" not in saved
     assert "Pass@1" in (work / "base-test.txt").read_text()
@@ -131,7 +136,7 @@ def test_base_stage_kind_in_a_pipeline_is_a_finished_actor_stage_run_once(tmp_pa
     manifest = json.loads((stage / "stage.json").read_text())
     result = json.loads((stage / "base.json").read_text())
     assert manifest["kind"] == "sft" and manifest["config"]["model"] == "gym"
-    assert manifest["config"]["tokenizer"] == embedded.TOKENIZER
+    assert manifest["config"]["tokenizer"] == embedded.pin_tokenizer(embedded.TOKENIZER)
     assert manifest["config"]["system_prompt"] == embedded.SYSTEM_PROMPT
     assert summary["retained_step"] == manifest["finished_step"] == result["selected_step"]
     assert [e["step"] for e in result["evals"]] == [2, 3]
@@ -222,3 +227,28 @@ def test_a_mistake_demos_wrong_action_is_context_not_a_target():
     assert out["loss_mask"].tolist() == [0, 0, 0, 0, 0, 1, 1, 0]
     assert out["actor_mask"].tolist() == seq["actor_mask"].tolist()   # still the actor's tokens
     assert seq["loss_mask"].tolist() == seq["actor_mask"].tolist()    # the input is not changed
+
+
+def test_copy_rows_repeat_a_span_of_ordinary_ids_with_loss_on_the_repeat():
+    tok = embedded.load_tokenizer()
+    ordinary = base.ordinary_ids(tok)
+    assert tok.pad_id not in ordinary and tok.eos_id not in ordinary
+    assert len(ordinary) == tok.vocab_size - 4
+    seqs = [{"tokens": [5, 6, 7, 8] * 10, "loss_mask": [True] * 40}] * 8
+    plain = base.batches(seqs, batch=4, length=64, pad_id=tok.pad_id, seed=0)
+    mixed = base.with_copy_rows(base.batches(seqs, batch=4, length=64, pad_id=tok.pad_id, seed=0),
+                                rows=1, ordinary_ids=ordinary, seed=0)
+    for _ in range(3):
+        a, b = next(plain), next(mixed)
+        assert (a["tokens"][:3] == b["tokens"][:3]).all()              # demo rows untouched
+        row, mask = b["tokens"][3], b["loss_mask"][3]
+        assert (row[:32] == row[32:]).all() and set(row[:32]) <= set(ordinary)
+        assert not mask[:33].any() and mask[33:].all()                # the repeat, after its first
+        assert (b["segment_ids"][3] == 1).all()
+    config = base.defaults("quick")
+    config.sft.copy_rows = config.sft.batch
+    with pytest.raises(base.ConfigError, match=r"config\.sft\.copy_rows"):
+        base._check(config)
+    config.sft.copy_rows, config.sft.copy_warmup_steps = 0, -1
+    with pytest.raises(base.ConfigError, match=r"config\.sft\.copy_warmup_steps"):
+        base._check(config)

@@ -178,6 +178,37 @@ def batches(seqs, *, batch: int, length: int, pad_id: int, seed: int):
             yield out
 
 
+def with_copy_rows(data, *, rows: int, ordinary_ids: np.ndarray, seed: int):
+    """`data`'s batches with their last `rows` rows replaced by copy rows: a random span of
+    `ordinary_ids` (the tokenizer's ids but its specials) followed by itself, loss on the
+    repeat after its first token.  A model learns there to continue text it has seen before
+    (an induction head: find the earlier occurrence of the current token, emit what followed it),
+    which is how a gym command copies a path or name from the instruction or an observation
+    ("/app/data/kelp.txt" in the instruction, "cp /app/data/" then "kelp" in the command)."""
+    rng = np.random.default_rng([seed, 7])
+    for batch in data:
+        if rows:
+            length = batch["tokens"].shape[1]
+            half = length // 2
+            for r in range(batch["tokens"].shape[0] - rows, batch["tokens"].shape[0]):
+                span = rng.choice(ordinary_ids, size=half)
+                batch["tokens"][r, :2 * half] = np.concatenate([span, span])
+                batch["tokens"][r, 2 * half:] = batch["tokens"][r, 0]
+                batch["loss_mask"][r] = False
+                batch["loss_mask"][r, half + 1:2 * half] = True
+                batch["segment_ids"][r] = 0
+                batch["segment_ids"][r, :2 * half] = 1
+        yield batch
+
+
+def ordinary_ids(tokenizer) -> np.ndarray:
+    """Every id of `tokenizer` except its chat specials (pad, end of text, turn markers)."""
+    from tr.models.tokenizer import ENDOFTEXT, IM_END, IM_START, PAD
+
+    special = {tokenizer.special_id(name) for name in (PAD, ENDOFTEXT, IM_START, IM_END)}
+    return np.asarray([i for i in range(tokenizer.vocab_size) if i not in special], np.int32)
+
+
 EVAL_SLOTS = 16      # the sampler's decode rows: fixed, so its shapes do not follow concurrency
 
 
@@ -292,6 +323,8 @@ def defaults(variant: str = "default"):
     config.sft.batch = 8                                  # packed rows per update (~3 demos a row)
     config.sft.length = 512                               # row length (tokens); longer demos dropped
     config.sft.learning_rate = 3e-3
+    config.sft.copy_rows = 0                              # rows per batch of span-copy data
+    config.sft.copy_warmup_steps = 0                      # copy-only updates before the demos
     config.sft.warmup = 20
     config.sft.eval_start = 80                            # val evaluations at 80, 120, 160
     config.sft.eval_every = 40
@@ -330,6 +363,12 @@ def _check(config) -> None:
     for field in ("steps", "batch", "length", "eval_every", "eval_start"):
         if config.sft[field] < 1:
             raise ConfigError(f"config.sft.{field} must be >= 1, got {config.sft[field]}")
+    if config.sft.copy_warmup_steps < 0:
+        raise ConfigError(f"config.sft.copy_warmup_steps must be >= 0, got "
+                          f"{config.sft.copy_warmup_steps}")
+    if not 0 <= config.sft.copy_rows < config.sft.batch:
+        raise ConfigError(f"config.sft.copy_rows = {config.sft.copy_rows} must be >= 0 and < "
+                          f"config.sft.batch = {config.sft.batch} (rows of demos are needed)")
     lo, hi = config.select.band
     if not 0 <= lo <= config.select.target <= hi <= 1:
         raise ConfigError(f"config.select: need 0 <= band[0] <= target <= band[1] <= 1, got "
@@ -378,7 +417,9 @@ def train(config, run_dir: pathlib.Path, out_dir: pathlib.Path) -> dict:
     train_cfg = steps_lib.default_config()
     opt = train_cfg.actor.optimizer
     opt.learning_rate = config.sft.learning_rate
-    opt.schedule, opt.warmup_steps, opt.decay_steps = "warmup_cosine", config.sft.warmup, config.sft.steps
+    warm = int(config.sft.copy_warmup_steps)
+    opt.schedule, opt.warmup_steps = "warmup_cosine", config.sft.warmup
+    opt.decay_steps = warm + config.sft.steps
     opt.end_learning_rate_factor = 0.1
     sft = steps_lib.build_steps(train_cfg, actor_logprobs=fns.actor_logprobs).sft
     actor_opt = steps_lib.make_optimizer(opt)
@@ -386,7 +427,21 @@ def train(config, run_dir: pathlib.Path, out_dir: pathlib.Path) -> dict:
                                seed=config.seed)
     data = batches(seqs, batch=config.sft.batch, length=config.sft.length,
                    pad_id=tokenizer.pad_id, seed=config.seed)
+    data = with_copy_rows(data, rows=int(config.sft.copy_rows),
+                          ordinary_ids=ordinary_ids(tokenizer), seed=config.seed)
 
+    if warm:    # copy rows only: the mechanism a command needs to copy a name it has seen
+        copy_data = with_copy_rows(
+            batches(seqs, batch=config.sft.batch, length=config.sft.length,
+                    pad_id=tokenizer.pad_id, seed=config.seed + 1),
+            rows=config.sft.batch, ordinary_ids=ordinary_ids(tokenizer), seed=config.seed + 1)
+        t0 = time.monotonic()
+        for step in range(1, warm + 1):
+            state, metrics = sft(state, next(copy_data))
+            if step % 25 == 0 or step == warm:
+                print(f"[{time.monotonic() - t_start:5.0f}s] copy warm-up {step}/{warm}: loss "
+                      f"{float(metrics['actor/loss']):.3f}", flush=True)
+        print(f"copy warm-up: {warm} steps in {time.monotonic() - t0:.0f}s", flush=True)
     val_tasks = gym.split_tasks("val", config.eval.val_count, seed=config.seed)
     test_tasks = gym.split_tasks("test", config.eval.test_count, seed=config.seed)
     evaluator = Evaluator(config, model, tokenizer)
@@ -425,7 +480,8 @@ def train(config, run_dir: pathlib.Path, out_dir: pathlib.Path) -> dict:
     evaluator.close()
     t_eval += time.monotonic() - t0
     stage_config = {**embedded.manifest_config(), "model": config.model,
-                    "tokenizer": config.tokenizer, "system_prompt": config.system_prompt,
+                    "tokenizer": embedded.pin_tokenizer(config.tokenizer),
+                    "system_prompt": config.system_prompt,
                     "seed": config.seed,
                     "selected_step": chosen["step"], "steps": config.sft.steps}
     wall = time.monotonic() - t_start
@@ -454,7 +510,7 @@ def train(config, run_dir: pathlib.Path, out_dir: pathlib.Path) -> dict:
         manifest = store.finish(state)
     # summary.json last: with the manifest's finished_step it marks the stage finished.
     summary = {"stage": config.stage, "kind": KIND, "finished_step": manifest["finished_step"],
-               "retained_step": chosen["step"], "actor_hash": manifest.get("actor_hash_after"),
+               "retained_step": int(jax.device_get(state.step)), "actor_hash": manifest.get("actor_hash_after"),
                "critic_hash": None,
                **{k: result[k] for k in ("val", "test", "wall_s", "train_s", "eval_s", "seed",
                                          "model", "tokenizer")}}
