@@ -76,13 +76,13 @@ def defaults(kind: str) -> ml_collections.ConfigDict:
                      "max_turns": 8,
                      "max_output_tokens": 512, "max_context_tokens": 8192,
                      "judge_url": "", "judge_model": ""}
-        c.sft = {"steps": 30, "batch": 8, "length": 1024,
-                 "learning_rate": 1e-3}          # paper: 5e-6 at 9B, batch 16
+        c.sft = {"steps": 60, "batch": 8, "length": 1024,
+                 "learning_rate": 2e-4}          # paper: 5e-6 at 9B, batch 16
         c.checkpoint.save_every = 10
     else:
         c.grpo = {"updates": 6, "group_size": 4,            # paper: 16
                   "m_original": 4, "m_recovery": 1,         # paper: 8, 2
-                  "learning_rate": 3e-4,                    # paper: 5e-7 at 9B
+                  "learning_rate": 3e-5,                    # paper: 5e-7 at 9B
                   "eps_low": 0.30, "eps_high": 5.00,        # not in the paper: SPEC §4 defaults
                   "std_eps": 1e-6,                          # δ of the group normalisation
                   "group_weighting": "equal",               # or "literal" (tr/rl/losses.py)
