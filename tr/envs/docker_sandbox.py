@@ -82,6 +82,8 @@ FRESH = ('read -r _ || exit 125; exec </dev/null 2>&1; '
          'tr-python() {{ {loader} --inhibit-cache --library-path {libpath} {python} "$@"; }}; '
          '__tr_cmd=$1; shift; eval "$__tr_cmd"')
 SHELL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Docker's per-container network files (bind mounts of the daemon's own copies)
+NETWORK_FILES = ("/etc/hosts", "/etc/resolv.conf", "/etc/hostname")
 
 _seed_lock = threading.Lock()
 _reaped: set = set()               # endpoints (None: the default engine) reaped by this process
@@ -224,6 +226,9 @@ class DockerSandbox(ShellSandbox):
         self._fresh_count = 0
         self._python = None
         self.unreleased: list[tuple[str, str]] = []   # ("container"|"image", id) close left
+        # (container id, {path: bytes}) of the sandbox whose network namespace this one joins
+        # (network_sibling): Docker's network files are then these read-only copies
+        self._network_of: tuple[str, dict] | None = None
 
     # --- lifecycle -------------------------------------------------------------------------
     def _open(self, from_snapshot: Snapshot | None) -> None:
@@ -295,6 +300,19 @@ class DockerSandbox(ShellSandbox):
                   for path, name in self.areas.items()]
         mounts += [docker.types.Mount(target=dst, source=src, type="bind", read_only=True)
                    for src, dst in binds + runtime.binds]
+        network = {"network_mode": os.environ.get("TR_DOCKER_NETWORK", "bridge")
+                   if cfg.network else "none", "hostname": "tr-sandbox"}
+        if self._network_of is not None:
+            owner, files = self._network_of
+            network = {"network_mode": f"container:{owner}"}   # Docker refuses a hostname here
+            folder = self.ws.root / "net"
+            folder.mkdir(mode=0o755, exist_ok=True)
+            for path, data in files.items():
+                host = folder / posixpath.basename(path)
+                host.write_bytes(data)
+                host.chmod(0o644)
+                mounts.append(docker.types.Mount(target=path, source=str(host), type="bind",
+                                                 read_only=True))
         self._python = exe
         self.runtime = runtime
         env = {"PATH": SHELL_PATH, "HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb"}
@@ -305,9 +323,7 @@ class DockerSandbox(ShellSandbox):
                    docker.types.Ulimit(name="core", soft=0, hard=0)]
         self.container = self.client.containers.create(
             self.image, command=["/bin/sh", "-c", KEEPER], entrypoint=[], detach=True,
-            network_mode=os.environ.get("TR_DOCKER_NETWORK", "bridge") if cfg.network else "none",
-            hostname="tr-sandbox",
-            mem_limit=cfg.memory_mb * mb, memswap_limit=cfg.memory_mb * mb,
+            **network, mem_limit=cfg.memory_mb * mb, memswap_limit=cfg.memory_mb * mb,
             pids_limit=cfg.pids, nano_cpus=int(cfg.cpus * 1e9), ulimits=ulimits,
             mounts=mounts, environment=env, working_dir=cfg.workdir,
             cap_drop=["ALL"], cap_add=list(KEPT_CAPS), security_opt=["no-new-privileges"],
@@ -652,6 +668,45 @@ class DockerSandbox(ShellSandbox):
                 raise SandboxError(f"the verifier's mount {root} is gone from the container")
         return "tr-python", []
 
+    def network_sibling(self) -> "DockerSandbox":
+        """The protected verifier's container for tests that talk to servers the agent left
+        running: a new sandbox started from a snapshot of this one's files (taken now, the
+        container paused meanwhile) that joins ONLY this container's network namespace
+        (``network_mode=container:<id>``).  ``localhost:<port>`` there reaches this container's
+        servers, which keep running; its own root filesystem, areas, PID namespace, cgroups and
+        mounts are its own, so no process of this container can see or change its files
+        (tests, results, the verifier's interpreter) or its processes.  Docker would bind this
+        container's writable ``/etc/hosts``, ``/etc/resolv.conf`` and ``/etc/hostname`` into it
+        too (a file the agent could rewrite while the tests run): they are replaced by read-only
+        copies of their content now.  The caller closes it; closing it leaves this one running."""
+        self._require()
+        files = {path: self._read_small(path) for path in NETWORK_FILES}
+        snapshot = self.snapshot(persist=False)
+        sibling = DockerSandbox(self.config)
+        sibling._network_of = (self.container.id, files)
+        return sibling.start(_from_snapshot=snapshot)
+
+    def _read_small(self, sandbox_path, limit: int = 1 << 20) -> bytes:
+        """A regular file of the container's root (not an area) read from the host without
+        following links; b"" when it is missing or not a regular file; at most ``limit`` bytes."""
+        try:
+            fd, name = self._open_parent(sandbox_path, create=False)
+        except SandboxError:
+            return b""
+        try:
+            f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                        dir_fd=fd)
+        except OSError:
+            return b""
+        finally:
+            os.close(fd)
+        try:
+            if not stat.S_ISREG(os.fstat(f).st_mode):
+                return b""
+            return os.read(f, limit)
+        finally:
+            os.close(f)
+
     def _alive(self) -> bool:
         import docker
         if self.container is None or self.ws is None or self.ws.closed:
@@ -807,6 +862,7 @@ class DockerBackend(Backend):
     builds_images = True
     disk_is_memory = False
     endpoints = True
+    network_sibling = True
 
     def sandbox_class(self) -> type:
         return DockerSandbox

@@ -42,6 +42,22 @@ Order (the caller takes the pre-verifier snapshot first, e.g. ``Sandbox.snapshot
 5. The results folder is copied out to ``output_dir`` without following links (links skipped);
    the caller reads its result file from exactly one path there.
 
+Beside the agent (``beside_agent=True``; tests that talk to a server the agent left running, as
+Terminal-Bench's and Harbor's harnesses keep agent processes alive while tests run): steps 1-5
+run in ``sandbox.network_sibling()`` instead -- on Docker a new container started from a
+snapshot of the agent's files taken at that moment, which joins ONLY the agent container's
+network namespace.  The agent's processes keep running in their own container, so its servers
+answer the tests on ``localhost``; they cannot see or touch the sibling's files (its root
+filesystem and writable areas are copies, the tests and results exist only there), processes
+(another PID namespace and cgroup) or mounts, and files they change after the snapshot are not
+what the tests read (Docker's shared ``/etc/hosts``/``resolv.conf``/``hostname`` are replaced by
+read-only copies).  What they share is the network: the tests' requests reach the agent's
+servers (the point), and a server the agent left can equally read, delay or answer whatever the
+tests send to localhost ports or abstract unix sockets -- the exposure of testing a live server.
+A server that writes files the tests then read (a log of the tests' own requests) writes them in
+the agent's container, not the sibling: those tests see the files as they were at the snapshot.
+``end_session`` still runs, in the sibling (none of the agent's processes are there).
+
 What this does not stop: code of the agent that the tests themselves import or run (its scripts,
 and on Docker any system program it replaced that a test calls) runs next to pytest with the
 verifier's rights and can do anything that process can, including rewriting the results file --
@@ -177,10 +193,12 @@ def verifier_env(python: str, tests_mount: str) -> dict:
 
 
 def run_verifier(sandbox, tests_dir, command: str, *, timeout_s: float, output_dir,
-                 tests_mount: str = TESTS_MOUNT, results_dir: str = RESULTS_DIR
-                 ) -> CommandResult:
+                 tests_mount: str = TESTS_MOUNT, results_dir: str = RESULTS_DIR,
+                 beside_agent: bool = False) -> CommandResult:
     """Run ``command`` as the protected verifier of ``sandbox`` (see module doc); results land in
-    ``output_dir`` (created if missing).  Returns the command's result."""
+    ``output_dir`` (created if missing).  Returns the command's result.  ``beside_agent``: the
+    steps run in ``sandbox.network_sibling()`` (closed after), so the agent's processes -- its
+    servers -- keep running and answer on localhost; SandboxError where the backend cannot."""
     tests_dir = Path(tests_dir)
     if not tests_dir.is_dir():
         raise SandboxError(f"run_verifier: tests_dir {tests_dir} is not a folder")
@@ -190,6 +208,19 @@ def run_verifier(sandbox, tests_dir, command: str, *, timeout_s: float, output_d
                              f"got {value!r}")
     if not (timeout_s > 0):
         raise ValueError(f"run_verifier: timeout_s must be > 0, got {timeout_s!r}")
+    if beside_agent:
+        sibling = sandbox.network_sibling()
+        try:
+            return _run(sibling, tests_dir, command, timeout_s, Path(output_dir), tests_mount,
+                        results_dir)
+        finally:
+            sibling.close()
+    return _run(sandbox, tests_dir, command, timeout_s, Path(output_dir), tests_mount, results_dir)
+
+
+def _run(sandbox, tests_dir: Path, command: str, timeout_s: float, output_dir: Path,
+         tests_mount: str, results_dir: str) -> CommandResult:
+    """Steps 1-5 of the module doc in ``sandbox``."""
     sandbox.end_session()
     binds = list(sandbox.install_tests(tests_dir, tests_mount))
     sandbox.reset_dir(results_dir)
@@ -198,7 +229,6 @@ def run_verifier(sandbox, tests_dir, command: str, *, timeout_s: float, output_d
     result = sandbox.run_fresh(command, timeout_s=timeout_s,
                                extra_ro_binds=binds + list(python_binds),
                                env=verifier_env(python, tests_mount), clean_env=True)
-    output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     try:
         sandbox.copy_out(results_dir, output_dir, keep_symlinks=False)

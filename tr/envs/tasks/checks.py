@@ -77,15 +77,9 @@ def local_server_checks(tests_dir: Path, files) -> dict[str, list[str]]:
     return found
 
 
-def server_note(found: dict[str, list[str]]) -> str:
-    """One line for :func:`local_server_checks`' finding: why such checks fail under tr and what
-    would make them run."""
-    where = ", ".join(f"{rel} ({', '.join(hosts)})" for rel, hosts in found.items())
-    return (f"{where} talk to a local server: one the agent started and left running is gone "
-            "when the tests run (the protected verifier ends every agent process first, so none "
-            "can change the tests or their results), so those checks fail here by design; they "
-            "run under a harness that keeps the agent's processes alive (Terminal-Bench's own, "
-            "unprotected)")
+def server_names(found: dict[str, list[str]]) -> tuple[str, ...]:
+    """:func:`local_server_checks`' finding as ``VerifierSpec.servers``: "file (host:port, ...)"."""
+    return tuple(f"{rel} ({', '.join(hosts)})" for rel, hosts in found.items())
 
 
 def pytest_spec_from_script(script: str, script_name: str, tests_dir: Path) -> VerifierSpec:
@@ -123,10 +117,8 @@ def pytest_spec_from_script(script: str, script_name: str, tests_dir: Path) -> V
                  "not importable there, so checks of the sandbox's pip fail for every attempt "
                  "(Terminal-Bench's harness runs them with the sandbox's own Python, unprotected)")
     servers = local_server_checks(tests_dir, named or all_files)
-    if servers:
-        note += "; " + server_note(servers)
     return VerifierSpec(kind="pytest", test_files=tuple(named or all_files), note=note,
-                        script_text=done.text)
+                        script_text=done.text, servers=server_names(servers))
 
 
 def shell_syntax_problems(text: str, file: str, label: str) -> list[Problem]:
