@@ -603,18 +603,50 @@ def test_tests_that_examine_their_own_interpreter_are_noted(tmp_path):
     assert "examine the Python" not in load_task(tmp_path / "tb1-plain").verifier.note
 
 
-def test_tests_that_talk_to_a_local_server_say_why_they_fail_here(tmp_path):
-    """A server the agent leaves running is ended with every agent process before the tests:
-    a task whose tests query localhost says so, with the file and port, and what would run it."""
-    for name, body in (("tb1-web", "import urllib.request\n\ndef test_page():\n    urllib.request."
-                                   "urlopen('http://localhost:8080/index.html')\n"),
-                       ("tb1-plain", PLAIN_TB1_TEST)):
+SERVER_TB1_TEST = ("import urllib.request\n\ndef test_page():\n    body = urllib.request.urlopen("
+                   "'http://localhost:8080/index.html', timeout=20).read()\n"
+                   "    assert body.strip() == b'served by the agent'\n")
+
+
+def test_tests_that_talk_to_a_local_server_are_named(tmp_path):
+    """TB1/Harbor tests that query localhost are found (file and port): where the backend can,
+    they run beside the agent's live processes; the local backend's note says what to do."""
+    for name, body in (("tb1-web", SERVER_TB1_TEST), ("tb1-plain", PLAIN_TB1_TEST)):
         _write_tb1(tmp_path / name, "serve /app on port 8080",
                    "pytest $TEST_DIR/test_outputs.py -rA\n", body)
-    note = load_task(tmp_path / "tb1-web").verifier.note
-    assert "test_outputs.py (localhost:8080) talk to a local server" in note, note
-    assert "keeps the agent's processes alive" in note
-    assert "local server" not in load_task(tmp_path / "tb1-plain").verifier.note
+    web = load_task(tmp_path / "tb1-web")
+    assert web.verifier.servers == ("test_outputs.py (localhost:8080)",)
+    assert load_task(tmp_path / "tb1-plain").verifier.servers == ()
+    note, = runner.server_notes(web, "local")
+    assert note.startswith("test_outputs.py (localhost:8080) talk to a local server: the local "
+                           "backend ends every agent process"), note
+    assert "run this task with --backend docker" in note
+    assert "ran beside the agent's processes" in runner.server_notes(web, "docker")[0]
+    assert runner.server_notes(load_task(tmp_path / "tb1-plain"), "local") == []
+
+
+@pytest.mark.skipif(not _docker_available(), reason="no Docker daemon on this machine")
+def test_a_server_the_agent_left_answers_the_tests_on_docker(tmp_path):
+    """TB1 semantics on Docker: the reference starts a web server and leaves it running; the
+    tests reach it (they run in a sibling sharing only the agent's network), the empty attempt
+    fails.  On the local backend the server is ended first, and the result says what to do."""
+    task_dir = tmp_path / "tb1-serve"
+    _write_tb1(task_dir, "serve /app/site on port 8080", "pytest $TEST_DIR/test_outputs.py -rA\n",
+               SERVER_TB1_TEST)
+    (task_dir / "solution.sh").write_text(
+        "#!/bin/bash\nmkdir -p /app/site && echo 'served by the agent' > /app/site/index.html\n"
+        "cd /app/site && (setsid python3 -m http.server 8080 >/dev/null 2>&1 &)\n"
+        "for i in $(seq 50); do python3 -c 'import urllib.request as u; "
+        "u.urlopen(\"http://localhost:8080/\")' 2>/dev/null && break; sleep 0.2; done\n")
+    task = load_task(task_dir)
+    result, _ = runner.run_task(task, "solution", "docker")
+    assert result.error is None and result.strict_pass, result.log
+    assert any("ran beside the agent's processes" in n for n in result.notes), result.notes
+    result, _ = runner.run_task(task, "none", "docker")
+    assert not result.strict_pass and "Connection refused" in result.log, result.log
+    result, _ = runner.run_task(task, "solution", "local")
+    assert not result.strict_pass, result.log
+    assert any("--backend docker" in n for n in result.notes), result.notes
 
 
 def test_test_time_installs_use_the_harness_pip_without_the_cwd():

@@ -29,6 +29,10 @@
   the container with one from the snapshot image; ``fork`` starts a new one.  Every container and
   snapshot image is labelled ``tr.managed`` and removed on close (persistent snapshots: by
   :func:`tr.envs.backends.discard_snapshot`).
+* ``network_sibling``: the protected verifier's container for tests of the agent's servers -- a
+  fork of a snapshot taken then that joins only this container's network namespace
+  (``network_mode=container:<id>``), with read-only copies of Docker's network files; this
+  container and its processes keep running (:mod:`tr.envs.protected`).
 * Every container and image carries ``tr.owner`` (``<pid>-<start time>`` of the process that made
   it) and ``tr.scope`` (boot id + pid namespace).  The reaper run at a process's first start
   removes only those whose owner is known dead in this scope; other live processes' sandboxes
