@@ -13,6 +13,7 @@ from tr.envs.tasks import (
     TaskError, detect_layout, load_suite, load_task, split_turns, validate_task,
 )
 from tr.envs.tasks import dockerfile as dfile
+from tr.envs.backends import get_backend
 from tr.envs.tasks import runner
 from tr.envs.tasks.model import test_functions as static_test_functions
 
@@ -658,5 +659,56 @@ def test_test_time_installs_use_the_harness_pip_without_the_cwd():
     text = testscript.rewrite("pip install pytest tr-no-such-dist==1.0\npytest $TEST_DIR/t.py\n",
                               junit="/logs/verifier/junit.xml").text
     line = next(ln for ln in text.splitlines() if "tr-no-such-dist" in ln)
-    assert line.startswith('PYTHONPATH="/opt/tr/pip:$PYTHONPATH" "$TR_PYTHON" -P -m pip install'), line
+    assert line.startswith('PIP_CONFIG_FILE=/dev/null PYTHONPATH="/opt/tr/pip:$PYTHONPATH" '
+                           '"$TR_PYTHON" -P -m pip install --isolated'), line
+    assert '--cert /opt/tr/verifier/ca-certificates.crt' in line
     assert '--target "$HOME/site" tr-no-such-dist==1.0' in line
+
+
+def _probe_wheel(path: Path) -> None:
+    """A wheel of `tr-probe-pkg` 1.0 whose import registers an exit hook that rewrites the
+    verifier's junit report as a pass (an agent's stand-in for a package the tests install)."""
+    import zipfile
+
+    init = ("import atexit\n\ndef _fake():\n    import glob\n    for p in glob.glob("
+            "'/logs/verifier/*.xml'):\n        open(p, 'w').write('<testsuites><testsuite "
+            "name=\"pytest\" errors=\"0\" failures=\"0\" skipped=\"0\" tests=\"1\"><testcase "
+            "classname=\"fake\" name=\"test_answer\"/></testsuite></testsuites>')\n\n"
+            "atexit.register(_fake)\nVALUE = 'from the agent'\n")
+    info = "tr_probe_pkg-1.0.dist-info"
+    files = {"tr_probe_pkg/__init__.py": init,
+             f"{info}/METADATA": "Metadata-Version: 2.1\nName: tr-probe-pkg\nVersion: 1.0\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                              "Tag: py3-none-any\n"}
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in files) + f"{info}/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+
+
+@pytest.mark.parametrize("backend", ["local", "docker"])
+def test_a_pip_config_of_the_agent_does_not_choose_what_the_tests_install(tmp_path, backend):
+    """A test-time `pip install` (the task's run-tests.sh) is the harness's: pip reads no
+    configuration file of the sandbox, so an agent's /etc/pip.conf pointing it at its own
+    package (here one that rewrites the results at exit) installs nothing of the agent's."""
+    if backend == "docker" and not _docker_available():
+        pytest.skip("no Docker daemon on this machine")
+    task_dir = tmp_path / "tb1-installs"
+    _write_tb1(task_dir, "write 42 to /app/answer.txt",
+               "pip install pytest tr-probe-pkg==1.0\npytest $TEST_DIR/test_outputs.py -rA\n",
+               "def test_answer():\n    try:\n        import tr_probe_pkg  # noqa: F401\n"
+               "    except ImportError:\n        pass\n"
+               "    assert open('/app/answer.txt').read().strip() == '42'\n")
+    wheel = tmp_path / "tr_probe_pkg-1.0-py3-none-any.whl"
+    _probe_wheel(wheel)
+    task = load_task(task_dir)
+    with get_backend(backend).make(runner.sandbox_config(task, backend)) as box:
+        runner.prepare(task, box)
+        box.write_file(f"/app/dist/{wheel.name}", wheel.read_bytes())
+        for conf in ("/etc/pip.conf", "/etc/xdg/pip/pip.conf", "/root/.config/pip/pip.conf",
+                     "/root/.pip/pip.conf"):
+            box.write_file(conf, "[global]\nno-index = true\nfind-links = /app/dist\n")
+        box.run("echo 41 > /app/answer.txt")
+        result = runner.verify(task, box)
+    assert not result.strict_pass, result.log
+    assert "fake" not in repr(result.checks), result.checks

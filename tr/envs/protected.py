@@ -119,6 +119,38 @@ _tr_project_finder()
 del _tr_project_finder
 """
 
+
+
+def _host_ca_bundle() -> str:
+    """The certificate authorities this host's own pip trusts (``$PIP_CERT``, ``$SSL_CERT_FILE``,
+    OpenSSL's default file; else pip's certifi): the verifier's test-time installs trust these,
+    never the sandbox's (whose ``/etc/ssl`` is the agent's to extend)."""
+    import ssl
+    paths = ssl.get_default_verify_paths()
+    for path in (os.environ.get("PIP_CERT"), os.environ.get("SSL_CERT_FILE"), paths.cafile,
+                 paths.openssl_cafile):
+        if path and os.path.isfile(path):
+            try:
+                return Path(path).read_text(encoding="ascii", errors="ignore")
+            except OSError:
+                continue
+    try:
+        from pip._vendor import certifi
+        return Path(certifi.where()).read_text(encoding="ascii", errors="ignore")
+    except (ImportError, OSError):
+        return ""
+
+
+CA_BUNDLE = f"{FILES_MOUNT}/ca-certificates.crt"
+# A test-time `pip install` in the verifier: the harness's pip (off the tests' sys.path), no
+# configuration file or PIP_* variable of the sandbox (an agent's /etc/pip.conf could point it at
+# its own index or wheels: code of the agent in the verifier), the host's CAs only (truststore
+# would read the sandbox's /etc/ssl; with a live agent server beside the tests -- beside_agent --
+# and /etc/hosts naming it for the index, that would be a forged index).
+PIP_INSTALL = (f'PIP_CONFIG_FILE=/dev/null PYTHONPATH="{PIP_MOUNT}:$PYTHONPATH" "$TR_PYTHON" -P '
+               f'-m pip install --isolated -q --disable-pip-version-check '
+               f'--use-deprecated=legacy-certs --cert {CA_BUNDLE}')
+
 # The harness-owned files mounted at FILES_MOUNT (see the module doc).
 FILES = {
     "checkrun.py": (Path(__file__).resolve().parent / "checkrun.py").read_text(),
@@ -135,6 +167,7 @@ FILES = {
                           "(tr.envs.protected).\nraise ImportError(\"pip is not importable in tr's "
                           "protected verifier: a test that imports it or runs `sys.executable -m "
                           "pip` would judge the harness's Python, not the sandbox's\")\n",
+    "ca-certificates.crt": _host_ca_bundle(),
 }
 # Part of the folder name, so a changed file is never served from an older copy.
 FILES_VERSION = hashlib.sha256(repr((sorted(FILES.items()), sorted(LINKS.items()))).encode()
