@@ -4,7 +4,7 @@
   unless ``config.network``, ``mem_limit``/``memswap``, ``pids_limit``, ``nano_cpus``,
   RLIMIT_FSIZE/CPU, ``no-new-privileges``, Docker's default seccomp (and AppArmor, where the host
   has it) profile, and only the capabilities system tasks use (:data:`KEPT_CAPS`: chown, file
-  permissions, setuid/setgid to other users, kill, low ports).  PID 1 is a tiny ``sh`` loop
+  permissions, setuid/setgid to other users, kill, low ports, chroot).  PID 1 is a tiny ``sh`` loop
   (PID 1 ignores signals from inside, so ``kill -9 1`` or ``pkill sleep`` cannot stop the
   container, and it reaps orphans).  The agent is root in the container; the container's root is
   host root with those capabilities (Docker's user-namespace remapping is a daemon-wide setting
@@ -75,9 +75,11 @@ from tr.envs.workspace import (HostWorkspace, _copy_host_tree_into, copy_dir,
 OWNER_LABEL = "tr.owner"
 SNAP_REPO = "tr-snap"
 KEEPER = "trap '' TERM INT HUP QUIT USR1 USR2; while :; do sleep 3600 & wait; done"
-# Docker's default capabilities that system tasks use; the rest of the defaults (MKNOD, NET_RAW,
-# AUDIT_WRITE, SETFCAP, SETPCAP, SYS_CHROOT, FSETID) are dropped.
-KEPT_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "SETGID", "SETUID", "KILL", "NET_BIND_SERVICE")
+# Docker's default capabilities that system tasks use (SYS_CHROOT: sshd's privilege separation
+# chroots each connection's child, or it resets every connection -- TB1's git-over-ssh tasks);
+# the rest of the defaults (MKNOD, NET_RAW, AUDIT_WRITE, SETFCAP, SETPCAP, FSETID) are dropped.
+KEPT_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "SETGID", "SETUID", "KILL", "NET_BIND_SERVICE",
+             "SYS_CHROOT")
 HOST_MOUNT = "/opt/tr/host"        # the host's system folders, read-only: the verifier's runtime
 # run_fresh's shell script: wait for "go" (the harness first moves it into its cgroup), then run
 # the command with stdin /dev/null and stderr on stdout; ``tr-python`` runs the project
