@@ -4,9 +4,9 @@
   unless ``config.network``, ``mem_limit``/``memswap``, ``pids_limit``, ``nano_cpus``,
   RLIMIT_FSIZE/CPU, ``no-new-privileges``, Docker's default seccomp (and AppArmor, where the host
   has it) profile, and only the capabilities system tasks use (:data:`KEPT_CAPS`: chown, file
-  permissions, setuid/setgid to other users, kill, low ports, chroot).  PID 1 is a tiny ``sh`` loop
-  (PID 1 ignores signals from inside, so ``kill -9 1`` or ``pkill sleep`` cannot stop the
-  container, and it reaps orphans).  The agent is root in the container; the container's root is
+  permissions, setuid/setgid to other users, kill, low ports, chroot).  PID 1 is a tiny loop of
+  the *host's* ``bash`` and ``sleep`` (:data:`KEEPER`; PID 1 ignores signals from inside, so
+  ``kill -9 1`` or ``pkill sleep`` cannot stop the container, and it reaps orphans).  The agent is root in the container; the container's root is
   host root with those capabilities (Docker's user-namespace remapping is a daemon-wide setting
   this harness does not own).
 * The writable task areas (workdir, ``/root``, ``/tmp``, ``/logs``) are bind mounts of a
@@ -74,7 +74,11 @@ from tr.envs.workspace import (HostWorkspace, _copy_host_tree_into, copy_dir,
 
 OWNER_LABEL = "tr.owner"
 SNAP_REPO = "tr-snap"
-KEEPER = "trap '' TERM INT HUP QUIT USR1 USR2; while :; do sleep 3600 & wait; done"
+# PID 1: the host's bash and sleep through the host's loader (HOST_MOUNT, read-only), never a
+# program of the container -- a snapshot's /bin/sh, or a /usr/bin/sleep the agent replaced that
+# PID 1 would start again right after end_session killed its child, would run beside the verifier.
+# `-p`: no $BASH_ENV / $ENV file of the image's environment is read.
+KEEPER = "trap '' TERM INT HUP QUIT USR1 USR2; while :; do {run} {sleep} 3600 & wait; done"
 # Docker's default capabilities that system tasks use (SYS_CHROOT: sshd's privilege separation
 # chroots each connection's child, or it resets every connection -- TB1's git-over-ssh tasks);
 # the rest of the defaults (MKNOD, NET_RAW, AUDIT_WRITE, SETFCAP, SETPCAP, FSETID) are dropped.
@@ -328,7 +332,7 @@ class DockerSandbox(ShellSandbox):
                    docker.types.Ulimit(name="cpu", soft=cfg.cpu_time_s, hard=cfg.cpu_time_s + 5),
                    docker.types.Ulimit(name="core", soft=0, hard=0)]
         self.container = self.client.containers.create(
-            self.image, command=["/bin/sh", "-c", KEEPER], entrypoint=[], detach=True,
+            self.image, command=runtime.keeper(), entrypoint=[], detach=True,
             **network, mem_limit=cfg.memory_mb * mb, memswap_limit=cfg.memory_mb * mb,
             pids_limit=cfg.pids, nano_cpus=int(cfg.cpus * 1e9), ulimits=ulimits,
             mounts=mounts, environment=env, working_dir=cfg.workdir,
@@ -345,7 +349,8 @@ class DockerSandbox(ShellSandbox):
         self.tree = cgroups.CgroupTree(parents, owned=False)
         self.session = ShellSession(self._spawn_shell, cgroups.CgroupTracker(self.tree),
                                     cfg.output_cap_bytes)
-        self.session.ensure_started()
+        if self._network_of is None:      # a verifier's sibling starts no shell of the snapshot
+            self.session.ensure_started()
 
     def _exec_start(self, cmd: list[str], env: dict | None = None, stdin: bool = True):
         api = self.client.api
@@ -762,6 +767,17 @@ class HostRuntime:
     loader: str
     libpath: str
     bash: str
+    sleep: str
+
+    def run(self, program: str) -> list[str]:
+        """The command line that starts a host program inside through the host's loader."""
+        return [self.loader, "--inhibit-cache", "--library-path", self.libpath, program]
+
+    def keeper(self) -> list[str]:
+        """PID 1's command (:data:`KEEPER`): host programs only."""
+        script = KEEPER.format(run=" ".join(shlex.quote(w) for w in self.run("")[:-1]),
+                               sleep=shlex.quote(self.sleep))
+        return self.run(self.bash) + ["--noprofile", "--norc", "-p", "-c", script]
 
 
 @functools.cache
@@ -786,7 +802,9 @@ def host_runtime() -> HostRuntime:
                if os.path.isdir(d)]
     libpath = ":".join(dict.fromkeys(inside(d) for d in libdirs))
     bash = shutil.which("bash") or "/bin/bash"
-    return HostRuntime(binds=binds, loader=inside(interp), libpath=libpath, bash=inside(bash))
+    sleep = shutil.which("sleep") or "/bin/sleep"
+    return HostRuntime(binds=binds, loader=inside(interp), libpath=libpath, bash=inside(bash),
+                       sleep=inside(sleep))
 
 
 def _elf_interpreter(executable: str) -> str:
