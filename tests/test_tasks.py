@@ -712,3 +712,30 @@ def test_a_pip_config_of_the_agent_does_not_choose_what_the_tests_install(tmp_pa
         result = runner.verify(task, box)
     assert not result.strict_pass, result.log
     assert "fake" not in repr(result.checks), result.checks
+
+
+def test_tests_importing_what_the_image_pip_installs_get_it_installed_for_the_verifier(tmp_path):
+    """TB1 runs its tests with the sandbox's Python, which has what the Dockerfile pip-installed;
+    the protected verifier (the project's Python) installs those same requirements for itself at
+    test time -- only the ones the test files import and the project lacks (aliases such as
+    sklearn -> scikit-learn), never the sandbox's copies."""
+    task_dir = tmp_path / "tb1-image-deps"
+    _write_tb1(task_dir, "cluster", "pip install pytest\npytest $TEST_DIR/test_outputs.py -rA\n",
+               "import json\nimport pytest\nimport helper\nfrom tr_probe_dist.sub import x\n\n"
+               "def test_fit():\n    from sklearn.datasets import make_blobs\n"
+               "    import numpy\n")
+    (task_dir / "tests" / "helper.py").write_text("X = 1\n")
+    (task_dir / "Dockerfile").write_text(
+        "FROM python:3.13\nWORKDIR /app\n"
+        "RUN pip install --no-cache-dir numpy==2.3.1 \\\n    scikit-learn==1.7.0 six "
+        "-r requirements.txt && pip3 install 'tr-probe-dist>=1.0' --index-url http://x.invalid\n"
+        "RUN apt-get update && apt-get install -y jq\n")
+    spec = load_task(task_dir).verifier
+    first = spec.script_text.splitlines()[0]
+    assert first.startswith('PIP_CONFIG_FILE=/dev/null PYTHONPATH="/opt/tr/pip:$PYTHONPATH"'), first
+    assert first.split("  # tr:")[0].endswith(
+        '--target "$HOME/site" \'tr-probe-dist>=1.0\' scikit-learn==1.7.0'), first
+    assert "the tests import tr-probe-dist>=1.0, scikit-learn==1.7.0, which the Dockerfile" \
+        in spec.note, spec.note
+    (task_dir / "Dockerfile").write_text("FROM python:3.13\nRUN pip install six\n")
+    assert "Dockerfile installs" not in load_task(task_dir).verifier.note
