@@ -107,7 +107,12 @@ def second_dockerd(timeout_s: float = 30.0):
     with open(os.path.join(root, "config.json"), "w") as f:
         f.write("{}")                                     # not the system's daemon.json
     with open(os.path.join(root, "log"), "wb") as log:
+        # its own network namespace: a dockerd started with `--bridge none` deletes the host's
+        # docker0 at start-up (libnetwork's removeDefaultBridgeInterface), which broke the main
+        # engine's bridge network for every later container with the network
+        unshare = shutil.which("unshare")
         proc = subprocess.Popen(
+            ([unshare, "--net"] if unshare else []) +
             [dockerd, "--config-file", f"{root}/config.json", "--data-root", f"{root}/data",
              "--exec-root", f"{root}/x", "--host", url, "--pidfile", f"{root}/d.pid",
              "--bridge", "none", "--iptables=false", "--ip-masq=false"],

@@ -112,6 +112,22 @@ def test_a_backend_behaves_as_the_protocol_says(backend, tmp_path):  # noqa: F81
         box.run("sleep 300 & disown")
         box.end_session()
         assert box.run("echo again").output.strip() == "again"             # a new shell
+        if get_backend(backend).network_sibling:       # only the network shared, files apart
+            box.run("(setsid python3 -m http.server 8765 --bind 127.0.0.1 --directory /app/in "
+                    ">/dev/null 2>&1 &); sleep 1")
+            with box.network_sibling() as sibling:
+                assert sibling.alive() and sibling.backend == backend
+                assert sibling.read_file("/app/in/g.txt") == b"two"
+                sibling.write_file("/app/in/g.txt", "sibling's")
+                r = sibling.run_fresh("python3 -c 'import urllib.request as u; print(u.urlopen("
+                                      "\"http://127.0.0.1:8765/g.txt\").read().decode())'; "
+                                      "ps -e -o args | grep -c '[h]ttp.server'")
+                assert r.output.split() == ["two", "0"], r.output   # its server, not its procs
+            assert box.read_file("/app/in/g.txt") == b"two"
+            assert box.run("ps -e -o args | grep -c '[h]ttp.server'").output.strip() == "1"
+        else:
+            with pytest.raises(SandboxError, match="--backend docker"):
+                box.network_sibling()
     assert not box.alive()
     with pytest.raises(SandboxError, match="closed"):
         box.run("true")

@@ -41,12 +41,15 @@ def test_standin_is_a_debian_with_apt_python_pip_venv(standin):
                     "python --version; python3 -m pip --version | cut -d' ' -f1; "
                     "python3 -m venv /tmp/v && /tmp/v/bin/python -c 'print(1)'; "
                     # apt's own user writes /tmp (apt-get update at run time): the area keeps 1777
-                    "stat -c %a /tmp; su -s /bin/sh _apt -c 'touch /tmp/apt-probe' && echo apt-ok",
+                    "stat -c %a /tmp; su -s /bin/sh _apt -c 'touch /tmp/apt-probe' && echo apt-ok; "
+                    # a font with the chess glyphs, where PIL finds it by name (chess-best-move)
+                    "find /usr/share/fonts -name DejaVuSans.ttf",
                     timeout_s=300)   # venv + ensurepip: 107 s at load 30
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
     assert lines[:3] == [debian.SUITE, "/usr/bin/apt-get", "/usr/bin/dpkg"]
-    assert lines[3].startswith("Python 3.") and lines[4:] == ["pip", "1", "1777", "apt-ok"], lines
+    assert lines[3].startswith("Python 3.") and lines[4:] == [
+        "pip", "1", "1777", "apt-ok", "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"], lines
 
 
 def test_dockerfile_apt_and_pip_run_at_build_time_and_the_runtime_is_offline(standin, tmp_path):

@@ -13,6 +13,7 @@ from tr.envs.tasks import (
     TaskError, detect_layout, load_suite, load_task, split_turns, validate_task,
 )
 from tr.envs.tasks import dockerfile as dfile
+from tr.envs.backends import get_backend
 from tr.envs.tasks import runner
 from tr.envs.tasks.model import test_functions as static_test_functions
 
@@ -603,18 +604,50 @@ def test_tests_that_examine_their_own_interpreter_are_noted(tmp_path):
     assert "examine the Python" not in load_task(tmp_path / "tb1-plain").verifier.note
 
 
-def test_tests_that_talk_to_a_local_server_say_why_they_fail_here(tmp_path):
-    """A server the agent leaves running is ended with every agent process before the tests:
-    a task whose tests query localhost says so, with the file and port, and what would run it."""
-    for name, body in (("tb1-web", "import urllib.request\n\ndef test_page():\n    urllib.request."
-                                   "urlopen('http://localhost:8080/index.html')\n"),
-                       ("tb1-plain", PLAIN_TB1_TEST)):
+SERVER_TB1_TEST = ("import urllib.request\n\ndef test_page():\n    body = urllib.request.urlopen("
+                   "'http://localhost:8080/index.html', timeout=20).read()\n"
+                   "    assert body.strip() == b'served by the agent'\n")
+
+
+def test_tests_that_talk_to_a_local_server_are_named(tmp_path):
+    """TB1/Harbor tests that query localhost are found (file and port): where the backend can,
+    they run beside the agent's live processes; the local backend's note says what to do."""
+    for name, body in (("tb1-web", SERVER_TB1_TEST), ("tb1-plain", PLAIN_TB1_TEST)):
         _write_tb1(tmp_path / name, "serve /app on port 8080",
                    "pytest $TEST_DIR/test_outputs.py -rA\n", body)
-    note = load_task(tmp_path / "tb1-web").verifier.note
-    assert "test_outputs.py (localhost:8080) talk to a local server" in note, note
-    assert "keeps the agent's processes alive" in note
-    assert "local server" not in load_task(tmp_path / "tb1-plain").verifier.note
+    web = load_task(tmp_path / "tb1-web")
+    assert web.verifier.servers == ("test_outputs.py (localhost:8080)",)
+    assert load_task(tmp_path / "tb1-plain").verifier.servers == ()
+    note, = runner.server_notes(web, "local")
+    assert note.startswith("test_outputs.py (localhost:8080) talk to a local server: the local "
+                           "backend ends every agent process"), note
+    assert "run this task with --backend docker" in note
+    assert "ran beside the agent's processes" in runner.server_notes(web, "docker")[0]
+    assert runner.server_notes(load_task(tmp_path / "tb1-plain"), "local") == []
+
+
+@pytest.mark.skipif(not _docker_available(), reason="no Docker daemon on this machine")
+def test_a_server_the_agent_left_answers_the_tests_on_docker(tmp_path):
+    """TB1 semantics on Docker: the reference starts a web server and leaves it running; the
+    tests reach it (they run in a sibling sharing only the agent's network), the empty attempt
+    fails.  On the local backend the server is ended first, and the result says what to do."""
+    task_dir = tmp_path / "tb1-serve"
+    _write_tb1(task_dir, "serve /app/site on port 8080", "pytest $TEST_DIR/test_outputs.py -rA\n",
+               SERVER_TB1_TEST)
+    (task_dir / "solution.sh").write_text(
+        "#!/bin/bash\nmkdir -p /app/site && echo 'served by the agent' > /app/site/index.html\n"
+        "cd /app/site && (setsid python3 -m http.server 8080 >/dev/null 2>&1 &)\n"
+        "for i in $(seq 50); do python3 -c 'import urllib.request as u; "
+        "u.urlopen(\"http://localhost:8080/\")' 2>/dev/null && break; sleep 0.2; done\n")
+    task = load_task(task_dir)
+    result, _ = runner.run_task(task, "solution", "docker")
+    assert result.error is None and result.strict_pass, result.log
+    assert any("ran beside the agent's processes" in n for n in result.notes), result.notes
+    result, _ = runner.run_task(task, "none", "docker")
+    assert not result.strict_pass and "Connection refused" in result.log, result.log
+    result, _ = runner.run_task(task, "solution", "local")
+    assert not result.strict_pass, result.log
+    assert any("--backend docker" in n for n in result.notes), result.notes
 
 
 def test_test_time_installs_use_the_harness_pip_without_the_cwd():
@@ -626,5 +659,83 @@ def test_test_time_installs_use_the_harness_pip_without_the_cwd():
     text = testscript.rewrite("pip install pytest tr-no-such-dist==1.0\npytest $TEST_DIR/t.py\n",
                               junit="/logs/verifier/junit.xml").text
     line = next(ln for ln in text.splitlines() if "tr-no-such-dist" in ln)
-    assert line.startswith('PYTHONPATH="/opt/tr/pip:$PYTHONPATH" "$TR_PYTHON" -P -m pip install'), line
+    assert line.startswith('PIP_CONFIG_FILE=/dev/null PYTHONPATH="/opt/tr/pip:$PYTHONPATH" '
+                           '"$TR_PYTHON" -P -m pip install --isolated'), line
+    assert '--cert /opt/tr/verifier/ca-certificates.crt' in line
     assert '--target "$HOME/site" tr-no-such-dist==1.0' in line
+
+
+def _probe_wheel(path: Path) -> None:
+    """A wheel of `tr-probe-pkg` 1.0 whose import registers an exit hook that rewrites the
+    verifier's junit report as a pass (an agent's stand-in for a package the tests install)."""
+    import zipfile
+
+    init = ("import atexit\n\ndef _fake():\n    import glob\n    for p in glob.glob("
+            "'/logs/verifier/*.xml'):\n        open(p, 'w').write('<testsuites><testsuite "
+            "name=\"pytest\" errors=\"0\" failures=\"0\" skipped=\"0\" tests=\"1\"><testcase "
+            "classname=\"fake\" name=\"test_answer\"/></testsuite></testsuites>')\n\n"
+            "atexit.register(_fake)\nVALUE = 'from the agent'\n")
+    info = "tr_probe_pkg-1.0.dist-info"
+    files = {"tr_probe_pkg/__init__.py": init,
+             f"{info}/METADATA": "Metadata-Version: 2.1\nName: tr-probe-pkg\nVersion: 1.0\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                              "Tag: py3-none-any\n"}
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in files) + f"{info}/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+
+
+@pytest.mark.parametrize("backend", ["local", "docker"])
+def test_a_pip_config_of_the_agent_does_not_choose_what_the_tests_install(tmp_path, backend):
+    """A test-time `pip install` (the task's run-tests.sh) is the harness's: pip reads no
+    configuration file of the sandbox, so an agent's /etc/pip.conf pointing it at its own
+    package (here one that rewrites the results at exit) installs nothing of the agent's."""
+    if backend == "docker" and not _docker_available():
+        pytest.skip("no Docker daemon on this machine")
+    task_dir = tmp_path / "tb1-installs"
+    _write_tb1(task_dir, "write 42 to /app/answer.txt",
+               "pip install pytest tr-probe-pkg==1.0\npytest $TEST_DIR/test_outputs.py -rA\n",
+               "def test_answer():\n    try:\n        import tr_probe_pkg  # noqa: F401\n"
+               "    except ImportError:\n        pass\n"
+               "    assert open('/app/answer.txt').read().strip() == '42'\n")
+    wheel = tmp_path / "tr_probe_pkg-1.0-py3-none-any.whl"
+    _probe_wheel(wheel)
+    task = load_task(task_dir)
+    with get_backend(backend).make(runner.sandbox_config(task, backend)) as box:
+        runner.prepare(task, box)
+        box.write_file(f"/app/dist/{wheel.name}", wheel.read_bytes())
+        for conf in ("/etc/pip.conf", "/etc/xdg/pip/pip.conf", "/root/.config/pip/pip.conf",
+                     "/root/.pip/pip.conf"):
+            box.write_file(conf, "[global]\nno-index = true\nfind-links = /app/dist\n")
+        box.run("echo 41 > /app/answer.txt")
+        result = runner.verify(task, box)
+    assert not result.strict_pass, result.log
+    assert "fake" not in repr(result.checks), result.checks
+
+
+def test_tests_importing_what_the_image_pip_installs_get_it_installed_for_the_verifier(tmp_path):
+    """TB1 runs its tests with the sandbox's Python, which has what the Dockerfile pip-installed;
+    the protected verifier (the project's Python) installs those same requirements for itself at
+    test time -- only the ones the test files import and the project lacks (aliases such as
+    sklearn -> scikit-learn), never the sandbox's copies."""
+    task_dir = tmp_path / "tb1-image-deps"
+    _write_tb1(task_dir, "cluster", "pip install pytest\npytest $TEST_DIR/test_outputs.py -rA\n",
+               "import json\nimport pytest\nimport helper\nfrom tr_probe_dist.sub import x\n\n"
+               "def test_fit():\n    from sklearn.datasets import make_blobs\n"
+               "    import numpy\n")
+    (task_dir / "tests" / "helper.py").write_text("X = 1\n")
+    (task_dir / "Dockerfile").write_text(
+        "FROM python:3.13\nWORKDIR /app\n"
+        "RUN pip install --no-cache-dir numpy==2.3.1 \\\n    scikit-learn==1.7.0 six "
+        "-r requirements.txt && pip3 install 'tr-probe-dist>=1.0' --index-url http://x.invalid\n"
+        "RUN apt-get update && apt-get install -y jq\n")
+    spec = load_task(task_dir).verifier
+    first = spec.script_text.splitlines()[0]
+    assert first.startswith('PIP_CONFIG_FILE=/dev/null PYTHONPATH="/opt/tr/pip:$PYTHONPATH"'), first
+    assert first.split("  # tr:")[0].endswith(
+        '--target "$HOME/site" \'tr-probe-dist>=1.0\' scikit-learn==1.7.0'), first
+    assert "the tests import tr-probe-dist>=1.0, scikit-learn==1.7.0, which the Dockerfile" \
+        in spec.note, spec.note
+    (task_dir / "Dockerfile").write_text("FROM python:3.13\nRUN pip install six\n")
+    assert "Dockerfile installs" not in load_task(task_dir).verifier.note

@@ -35,13 +35,18 @@ class Backend:
     starts (``tr.envs.tasks.runner.prepare``), and a task that only names an image cannot run.
     ``disk_is_memory``: ``SandboxConfig.disk_mb`` is a tmpfs (RAM), so a task's storage size is
     not applied as the disk limit.  ``endpoints``: sandboxes can be placed on several engines
-    (``SandboxConfig.docker_endpoint``, ``tr.envs.endpoints``).
+    (``SandboxConfig.docker_endpoint``, ``tr.envs.endpoints``).  ``network_sibling``: its
+    sandboxes' :meth:`~tr.envs.sandbox.Sandbox.network_sibling` works, so the protected verifier
+    can run tests that talk to the agent's servers beside the agent's live processes
+    (``tr.envs.protected.run_verifier(beside_agent=True)``); otherwise those servers are ended
+    with every agent process before the tests.
     """
 
     name = ""
     builds_images = False
     disk_is_memory = False
     endpoints = False
+    network_sibling = False
 
     def sandbox_class(self) -> type:
         raise NotImplementedError

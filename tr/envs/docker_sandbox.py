@@ -4,9 +4,9 @@
   unless ``config.network``, ``mem_limit``/``memswap``, ``pids_limit``, ``nano_cpus``,
   RLIMIT_FSIZE/CPU, ``no-new-privileges``, Docker's default seccomp (and AppArmor, where the host
   has it) profile, and only the capabilities system tasks use (:data:`KEPT_CAPS`: chown, file
-  permissions, setuid/setgid to other users, kill, low ports).  PID 1 is a tiny ``sh`` loop
-  (PID 1 ignores signals from inside, so ``kill -9 1`` or ``pkill sleep`` cannot stop the
-  container, and it reaps orphans).  The agent is root in the container; the container's root is
+  permissions, setuid/setgid to other users, kill, low ports, chroot).  PID 1 is a tiny loop of
+  the *host's* ``bash`` and ``sleep`` (:data:`KEEPER`; PID 1 ignores signals from inside, so
+  ``kill -9 1`` or ``pkill sleep`` cannot stop the container, and it reaps orphans).  The agent is root in the container; the container's root is
   host root with those capabilities (Docker's user-namespace remapping is a daemon-wide setting
   this harness does not own).
 * The writable task areas (workdir, ``/root``, ``/tmp``, ``/logs``) are bind mounts of a
@@ -29,6 +29,10 @@
   the container with one from the snapshot image; ``fork`` starts a new one.  Every container and
   snapshot image is labelled ``tr.managed`` and removed on close (persistent snapshots: by
   :func:`tr.envs.backends.discard_snapshot`).
+* ``network_sibling``: the protected verifier's container for tests of the agent's servers -- a
+  fork of a snapshot taken then that joins only this container's network namespace
+  (``network_mode=container:<id>``), with read-only copies of Docker's network files; this
+  container and its processes keep running (:mod:`tr.envs.protected`).
 * Every container and image carries ``tr.owner`` (``<pid>-<start time>`` of the process that made
   it) and ``tr.scope`` (boot id + pid namespace).  The reaper run at a process's first start
   removes only those whose owner is known dead in this scope; other live processes' sandboxes
@@ -70,10 +74,16 @@ from tr.envs.workspace import (HostWorkspace, _copy_host_tree_into, copy_dir,
 
 OWNER_LABEL = "tr.owner"
 SNAP_REPO = "tr-snap"
-KEEPER = "trap '' TERM INT HUP QUIT USR1 USR2; while :; do sleep 3600 & wait; done"
-# Docker's default capabilities that system tasks use; the rest of the defaults (MKNOD, NET_RAW,
-# AUDIT_WRITE, SETFCAP, SETPCAP, SYS_CHROOT, FSETID) are dropped.
-KEPT_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "SETGID", "SETUID", "KILL", "NET_BIND_SERVICE")
+# PID 1: the host's bash and sleep through the host's loader (HOST_MOUNT, read-only), never a
+# program of the container -- a snapshot's /bin/sh, or a /usr/bin/sleep the agent replaced that
+# PID 1 would start again right after end_session killed its child, would run beside the verifier.
+# `-p`: no $BASH_ENV / $ENV file of the image's environment is read.
+KEEPER = "trap '' TERM INT HUP QUIT USR1 USR2; while :; do {run} {sleep} 3600 & wait; done"
+# Docker's default capabilities that system tasks use (SYS_CHROOT: sshd's privilege separation
+# chroots each connection's child, or it resets every connection -- TB1's git-over-ssh tasks);
+# the rest of the defaults (MKNOD, NET_RAW, AUDIT_WRITE, SETFCAP, SETPCAP, FSETID) are dropped.
+KEPT_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "SETGID", "SETUID", "KILL", "NET_BIND_SERVICE",
+             "SYS_CHROOT")
 HOST_MOUNT = "/opt/tr/host"        # the host's system folders, read-only: the verifier's runtime
 # run_fresh's shell script: wait for "go" (the harness first moves it into its cgroup), then run
 # the command with stdin /dev/null and stderr on stdout; ``tr-python`` runs the project
@@ -82,6 +92,8 @@ FRESH = ('read -r _ || exit 125; exec </dev/null 2>&1; '
          'tr-python() {{ {loader} --inhibit-cache --library-path {libpath} {python} "$@"; }}; '
          '__tr_cmd=$1; shift; eval "$__tr_cmd"')
 SHELL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Docker's per-container network files (bind mounts of the daemon's own copies)
+NETWORK_FILES = ("/etc/hosts", "/etc/resolv.conf", "/etc/hostname")
 
 _seed_lock = threading.Lock()
 _reaped: set = set()               # endpoints (None: the default engine) reaped by this process
@@ -224,6 +236,9 @@ class DockerSandbox(ShellSandbox):
         self._fresh_count = 0
         self._python = None
         self.unreleased: list[tuple[str, str]] = []   # ("container"|"image", id) close left
+        # (container id, {path: bytes}) of the sandbox whose network namespace this one joins
+        # (network_sibling): Docker's network files are then these read-only copies
+        self._network_of: tuple[str, dict] | None = None
 
     # --- lifecycle -------------------------------------------------------------------------
     def _open(self, from_snapshot: Snapshot | None) -> None:
@@ -295,6 +310,19 @@ class DockerSandbox(ShellSandbox):
                   for path, name in self.areas.items()]
         mounts += [docker.types.Mount(target=dst, source=src, type="bind", read_only=True)
                    for src, dst in binds + runtime.binds]
+        network = {"network_mode": os.environ.get("TR_DOCKER_NETWORK", "bridge")
+                   if cfg.network else "none", "hostname": "tr-sandbox"}
+        if self._network_of is not None:
+            owner, files = self._network_of
+            network = {"network_mode": f"container:{owner}"}   # Docker refuses a hostname here
+            folder = self.ws.root / "net"
+            folder.mkdir(mode=0o755, exist_ok=True)
+            for path, data in files.items():
+                host = folder / posixpath.basename(path)
+                host.write_bytes(data)
+                host.chmod(0o644)
+                mounts.append(docker.types.Mount(target=path, source=str(host), type="bind",
+                                                 read_only=True))
         self._python = exe
         self.runtime = runtime
         env = {"PATH": SHELL_PATH, "HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb"}
@@ -304,10 +332,8 @@ class DockerSandbox(ShellSandbox):
                    docker.types.Ulimit(name="cpu", soft=cfg.cpu_time_s, hard=cfg.cpu_time_s + 5),
                    docker.types.Ulimit(name="core", soft=0, hard=0)]
         self.container = self.client.containers.create(
-            self.image, command=["/bin/sh", "-c", KEEPER], entrypoint=[], detach=True,
-            network_mode=os.environ.get("TR_DOCKER_NETWORK", "bridge") if cfg.network else "none",
-            hostname="tr-sandbox",
-            mem_limit=cfg.memory_mb * mb, memswap_limit=cfg.memory_mb * mb,
+            self.image, command=runtime.keeper(), entrypoint=[], detach=True,
+            **network, mem_limit=cfg.memory_mb * mb, memswap_limit=cfg.memory_mb * mb,
             pids_limit=cfg.pids, nano_cpus=int(cfg.cpus * 1e9), ulimits=ulimits,
             mounts=mounts, environment=env, working_dir=cfg.workdir,
             cap_drop=["ALL"], cap_add=list(KEPT_CAPS), security_opt=["no-new-privileges"],
@@ -323,7 +349,8 @@ class DockerSandbox(ShellSandbox):
         self.tree = cgroups.CgroupTree(parents, owned=False)
         self.session = ShellSession(self._spawn_shell, cgroups.CgroupTracker(self.tree),
                                     cfg.output_cap_bytes)
-        self.session.ensure_started()
+        if self._network_of is None:      # a verifier's sibling starts no shell of the snapshot
+            self.session.ensure_started()
 
     def _exec_start(self, cmd: list[str], env: dict | None = None, stdin: bool = True):
         api = self.client.api
@@ -652,6 +679,45 @@ class DockerSandbox(ShellSandbox):
                 raise SandboxError(f"the verifier's mount {root} is gone from the container")
         return "tr-python", []
 
+    def network_sibling(self) -> "DockerSandbox":
+        """The protected verifier's container for tests that talk to servers the agent left
+        running: a new sandbox started from a snapshot of this one's files (taken now, the
+        container paused meanwhile) that joins ONLY this container's network namespace
+        (``network_mode=container:<id>``).  ``localhost:<port>`` there reaches this container's
+        servers, which keep running; its own root filesystem, areas, PID namespace, cgroups and
+        mounts are its own, so no process of this container can see or change its files
+        (tests, results, the verifier's interpreter) or its processes.  Docker would bind this
+        container's writable ``/etc/hosts``, ``/etc/resolv.conf`` and ``/etc/hostname`` into it
+        too (a file the agent could rewrite while the tests run): they are replaced by read-only
+        copies of their content now.  The caller closes it; closing it leaves this one running."""
+        self._require()
+        files = {path: self._read_small(path) for path in NETWORK_FILES}
+        snapshot = self.snapshot(persist=False)
+        sibling = DockerSandbox(self.config)
+        sibling._network_of = (self.container.id, files)
+        return sibling.start(_from_snapshot=snapshot)
+
+    def _read_small(self, sandbox_path, limit: int = 1 << 20) -> bytes:
+        """A regular file of the container's root (not an area) read from the host without
+        following links; b"" when it is missing or not a regular file; at most ``limit`` bytes."""
+        try:
+            fd, name = self._open_parent(sandbox_path, create=False)
+        except SandboxError:
+            return b""
+        try:
+            f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                        dir_fd=fd)
+        except OSError:
+            return b""
+        finally:
+            os.close(fd)
+        try:
+            if not stat.S_ISREG(os.fstat(f).st_mode):
+                return b""
+            return os.read(f, limit)
+        finally:
+            os.close(f)
+
     def _alive(self) -> bool:
         import docker
         if self.container is None or self.ws is None or self.ws.closed:
@@ -701,6 +767,17 @@ class HostRuntime:
     loader: str
     libpath: str
     bash: str
+    sleep: str
+
+    def run(self, program: str) -> list[str]:
+        """The command line that starts a host program inside through the host's loader."""
+        return [self.loader, "--inhibit-cache", "--library-path", self.libpath, program]
+
+    def keeper(self) -> list[str]:
+        """PID 1's command (:data:`KEEPER`): host programs only."""
+        script = KEEPER.format(run=" ".join(shlex.quote(w) for w in self.run("")[:-1]),
+                               sleep=shlex.quote(self.sleep))
+        return self.run(self.bash) + ["--noprofile", "--norc", "-p", "-c", script]
 
 
 @functools.cache
@@ -725,7 +802,9 @@ def host_runtime() -> HostRuntime:
                if os.path.isdir(d)]
     libpath = ":".join(dict.fromkeys(inside(d) for d in libdirs))
     bash = shutil.which("bash") or "/bin/bash"
-    return HostRuntime(binds=binds, loader=inside(interp), libpath=libpath, bash=inside(bash))
+    sleep = shutil.which("sleep") or "/bin/sleep"
+    return HostRuntime(binds=binds, loader=inside(interp), libpath=libpath, bash=inside(bash),
+                       sleep=inside(sleep))
 
 
 def _elf_interpreter(executable: str) -> str:
@@ -807,6 +886,7 @@ class DockerBackend(Backend):
     builds_images = True
     disk_is_memory = False
     endpoints = True
+    network_sibling = True
 
     def sandbox_class(self) -> type:
         return DockerSandbox

@@ -457,6 +457,14 @@ class LocalSandbox(ShellSandbox):
                                                            "ld.so.conf.d") if (tmpl / n).exists()]
         return exe, binds
 
+    def network_sibling(self) -> "LocalSandbox":
+        """Not on this backend (every command of the sandbox shares one set of namespaces, so a
+        verifier beside the agent's live processes would share their files): SandboxError."""
+        self._require()
+        raise SandboxError("the local backend cannot run the tests beside the agent's live "
+                           "processes (its servers are ended with them before the tests): run "
+                           "this task with --backend docker")
+
     def _alive(self) -> bool:
         return self.ws is not None and not self.ws.closed and self.ws.w.is_dir()
 

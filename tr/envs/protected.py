@@ -42,6 +42,22 @@ Order (the caller takes the pre-verifier snapshot first, e.g. ``Sandbox.snapshot
 5. The results folder is copied out to ``output_dir`` without following links (links skipped);
    the caller reads its result file from exactly one path there.
 
+Beside the agent (``beside_agent=True``; tests that talk to a server the agent left running, as
+Terminal-Bench's and Harbor's harnesses keep agent processes alive while tests run): steps 1-5
+run in ``sandbox.network_sibling()`` instead -- on Docker a new container started from a
+snapshot of the agent's files taken at that moment, which joins ONLY the agent container's
+network namespace.  The agent's processes keep running in their own container, so its servers
+answer the tests on ``localhost``; they cannot see or touch the sibling's files (its root
+filesystem and writable areas are copies, the tests and results exist only there), processes
+(another PID namespace and cgroup) or mounts, and files they change after the snapshot are not
+what the tests read (Docker's shared ``/etc/hosts``/``resolv.conf``/``hostname`` are replaced by
+read-only copies).  What they share is the network: the tests' requests reach the agent's
+servers (the point), and a server the agent left can equally read, delay or answer whatever the
+tests send to localhost ports or abstract unix sockets -- the exposure of testing a live server.
+A server that writes files the tests then read (a log of the tests' own requests) writes them in
+the agent's container, not the sibling: those tests see the files as they were at the snapshot.
+``end_session`` still runs, in the sibling (none of the agent's processes are there).
+
 What this does not stop: code of the agent that the tests themselves import or run (its scripts,
 and on Docker any system program it replaced that a test calls) runs next to pytest with the
 verifier's rights and can do anything that process can, including rewriting the results file --
@@ -103,6 +119,38 @@ _tr_project_finder()
 del _tr_project_finder
 """
 
+
+
+def _host_ca_bundle() -> str:
+    """The certificate authorities this host's own pip trusts (``$PIP_CERT``, ``$SSL_CERT_FILE``,
+    OpenSSL's default file; else pip's certifi): the verifier's test-time installs trust these,
+    never the sandbox's (whose ``/etc/ssl`` is the agent's to extend)."""
+    import ssl
+    paths = ssl.get_default_verify_paths()
+    for path in (os.environ.get("PIP_CERT"), os.environ.get("SSL_CERT_FILE"), paths.cafile,
+                 paths.openssl_cafile):
+        if path and os.path.isfile(path):
+            try:
+                return Path(path).read_text(encoding="ascii", errors="ignore")
+            except OSError:
+                continue
+    try:
+        from pip._vendor import certifi
+        return Path(certifi.where()).read_text(encoding="ascii", errors="ignore")
+    except (ImportError, OSError):
+        return ""
+
+
+CA_BUNDLE = f"{FILES_MOUNT}/ca-certificates.crt"
+# A test-time `pip install` in the verifier: the harness's pip (off the tests' sys.path), no
+# configuration file or PIP_* variable of the sandbox (an agent's /etc/pip.conf could point it at
+# its own index or wheels: code of the agent in the verifier), the host's CAs only (truststore
+# would read the sandbox's /etc/ssl; with a live agent server beside the tests -- beside_agent --
+# and /etc/hosts naming it for the index, that would be a forged index).
+PIP_INSTALL = (f'PIP_CONFIG_FILE=/dev/null PYTHONPATH="{PIP_MOUNT}:$PYTHONPATH" "$TR_PYTHON" -P '
+               f'-m pip install --isolated -q --disable-pip-version-check '
+               f'--use-deprecated=legacy-certs --cert {CA_BUNDLE}')
+
 # The harness-owned files mounted at FILES_MOUNT (see the module doc).
 FILES = {
     "checkrun.py": (Path(__file__).resolve().parent / "checkrun.py").read_text(),
@@ -119,6 +167,7 @@ FILES = {
                           "(tr.envs.protected).\nraise ImportError(\"pip is not importable in tr's "
                           "protected verifier: a test that imports it or runs `sys.executable -m "
                           "pip` would judge the harness's Python, not the sandbox's\")\n",
+    "ca-certificates.crt": _host_ca_bundle(),
 }
 # Part of the folder name, so a changed file is never served from an older copy.
 FILES_VERSION = hashlib.sha256(repr((sorted(FILES.items()), sorted(LINKS.items()))).encode()
@@ -177,10 +226,12 @@ def verifier_env(python: str, tests_mount: str) -> dict:
 
 
 def run_verifier(sandbox, tests_dir, command: str, *, timeout_s: float, output_dir,
-                 tests_mount: str = TESTS_MOUNT, results_dir: str = RESULTS_DIR
-                 ) -> CommandResult:
+                 tests_mount: str = TESTS_MOUNT, results_dir: str = RESULTS_DIR,
+                 beside_agent: bool = False) -> CommandResult:
     """Run ``command`` as the protected verifier of ``sandbox`` (see module doc); results land in
-    ``output_dir`` (created if missing).  Returns the command's result."""
+    ``output_dir`` (created if missing).  Returns the command's result.  ``beside_agent``: the
+    steps run in ``sandbox.network_sibling()`` (closed after), so the agent's processes -- its
+    servers -- keep running and answer on localhost; SandboxError where the backend cannot."""
     tests_dir = Path(tests_dir)
     if not tests_dir.is_dir():
         raise SandboxError(f"run_verifier: tests_dir {tests_dir} is not a folder")
@@ -190,6 +241,19 @@ def run_verifier(sandbox, tests_dir, command: str, *, timeout_s: float, output_d
                              f"got {value!r}")
     if not (timeout_s > 0):
         raise ValueError(f"run_verifier: timeout_s must be > 0, got {timeout_s!r}")
+    if beside_agent:
+        sibling = sandbox.network_sibling()
+        try:
+            return _run(sibling, tests_dir, command, timeout_s, Path(output_dir), tests_mount,
+                        results_dir)
+        finally:
+            sibling.close()
+    return _run(sandbox, tests_dir, command, timeout_s, Path(output_dir), tests_mount, results_dir)
+
+
+def _run(sandbox, tests_dir: Path, command: str, timeout_s: float, output_dir: Path,
+         tests_mount: str, results_dir: str) -> CommandResult:
+    """Steps 1-5 of the module doc in ``sandbox``."""
     sandbox.end_session()
     binds = list(sandbox.install_tests(tests_dir, tests_mount))
     sandbox.reset_dir(results_dir)
@@ -198,7 +262,6 @@ def run_verifier(sandbox, tests_dir, command: str, *, timeout_s: float, output_d
     result = sandbox.run_fresh(command, timeout_s=timeout_s,
                                extra_ro_binds=binds + list(python_binds),
                                env=verifier_env(python, tests_mount), clean_env=True)
-    output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     try:
         sandbox.copy_out(results_dir, output_dir, keep_symlinks=False)

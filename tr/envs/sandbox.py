@@ -162,6 +162,12 @@ class Sandbox(Protocol):
     def verifier_python(self) -> tuple[str, list]:
         """(the project interpreter as the verifier's shell names it, read-only binds for it)."""
 
+    def network_sibling(self) -> "Sandbox":
+        """A started sandbox from a snapshot of this one's files (taken now) sharing only its
+        network, this sandbox's processes left running: the verifier's sandbox for tests that
+        talk to the agent's servers.  SandboxError where the backend cannot (its
+        ``Backend.network_sibling`` is False); the caller closes it."""
+
 
 PROTOCOL_METHODS = tuple(name for name in Sandbox.__dict__
                          if callable(getattr(Sandbox, name, None)) and not name.startswith("_")

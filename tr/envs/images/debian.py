@@ -30,10 +30,13 @@ STANDIN_REPO = "tr-debian"
 SUITE = "bookworm"
 MIRROR = os.environ.get("TR_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 PACKAGES = ("python3", "python3-pip", "python3-venv", "python-is-python3", "python3-dev",
-            "build-essential", "ca-certificates", "curl", "procps", "less", "tmux")
+            "build-essential", "ca-certificates", "curl", "procps", "less", "tmux",
+            "fonts-dejavu-core")
 # python3-dev + build-essential: pip builds sdists (C extensions) as in python images; tmux: the
-# t-bench base images have it (TB1 runs agents in it and some tasks' tests call it).
-RECIPE_VERSION = "2"
+# t-bench base images have it (TB1 runs agents in it and some tasks' tests call it);
+# fonts-dejavu-core: a TrueType font with the Unicode chess glyphs, which PIL finds by name
+# (`ImageFont.truetype("DejaVuSans.ttf")`: chess-best-move draws its board and reads it back).
+RECIPE_VERSION = "3"
 PYTHON_MINOR = "11"    # bookworm's python3
 LABEL = "tr.managed"
 IMPORT_CHANGES = [
@@ -42,7 +45,7 @@ IMPORT_CHANGES = [
     'CMD ["/bin/bash"]',
 ]
 DESCRIPTION = (f"Debian {SUITE} minbase + python3 (python), pip, venv, python3-dev, "
-               "build-essential, curl, tmux")
+               "build-essential, curl, tmux, DejaVu fonts")
 
 
 LOCAL_CAS = Path("/usr/local/share/ca-certificates")

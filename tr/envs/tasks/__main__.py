@@ -135,9 +135,16 @@ def cmd_verify(args) -> int:
             print(_tail(result.log, 4000))
             if (not result.strict_pass and _REFUSED.search(result.log)
                     and _LOCALHOST.search(result.log)):
+                from tr.envs.backends import get_backend
+                why = ("no process the agent left running listened there (the tests ran beside "
+                       "its live processes)" if task.verifier.servers
+                       and get_backend(args.backend).network_sibling else
+                       "the protected verifier ended every process the agent started before "
+                       "the tests ran, so a server the agent left running was gone" +
+                       ("" if get_backend(args.backend).network_sibling else
+                        " (--backend docker keeps them for tests that name a local server)"))
                 print("note: the tests expect a service on this machine (connection refused on "
-                      "localhost): the protected verifier ends every process the agent started "
-                      "before the tests run, so a server the agent left running is gone")
+                      f"localhost): {why}")
             hosts = unreachable_hosts(result.log.splitlines())
             if hosts and not result.strict_pass:
                 print(f"note: the tests could not reach {', '.join(hosts)} (the runtime is "

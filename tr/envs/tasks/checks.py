@@ -77,15 +77,131 @@ def local_server_checks(tests_dir: Path, files) -> dict[str, list[str]]:
     return found
 
 
-def server_note(found: dict[str, list[str]]) -> str:
-    """One line for :func:`local_server_checks`' finding: why such checks fail under tr and what
-    would make them run."""
-    where = ", ".join(f"{rel} ({', '.join(hosts)})" for rel, hosts in found.items())
-    return (f"{where} talk to a local server: one the agent started and left running is gone "
-            "when the tests run (the protected verifier ends every agent process first, so none "
-            "can change the tests or their results), so those checks fail here by design; they "
-            "run under a harness that keeps the agent's processes alive (Terminal-Bench's own, "
-            "unprotected)")
+def server_names(found: dict[str, list[str]]) -> tuple[str, ...]:
+    """:func:`local_server_checks`' finding as ``VerifierSpec.servers``: "file (host:port, ...)"."""
+    return tuple(f"{rel} ({', '.join(hosts)})" for rel, hosts in found.items())
+
+
+# import name -> distribution name, where they differ (the common ones)
+IMPORT_DISTS = {"sklearn": "scikit-learn", "cv2": "opencv-python", "PIL": "pillow",
+                "yaml": "pyyaml", "bs4": "beautifulsoup4", "skimage": "scikit-image",
+                "dateutil": "python-dateutil", "attr": "attrs", "Bio": "biopython",
+                "Crypto": "pycryptodome", "jwt": "pyjwt", "dotenv": "python-dotenv",
+                "docx": "python-docx", "magic": "python-magic", "serial": "pyserial",
+                "zmq": "pyzmq", "git": "gitpython", "OpenSSL": "pyopenssl", "chess": "python-chess"}
+_PIP_IN_RUN = re.compile(r"(?:^|\s)(?:python3?(?:\.\d+)?\s+-m\s+)?pip3?\s+install\s+(.*)$")
+
+
+def _dist_key(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def image_pip_requirements(dockerfile: Path) -> list[str]:
+    """The requirements a Dockerfile's RUN lines `pip install` by name (flags, files, paths and
+    variables left out), in order."""
+    from tr.envs.tasks import dockerfile as dfile
+    try:
+        instructions = dfile.parse(dockerfile.read_text(encoding="utf-8"), dockerfile)
+    except (OSError, UnicodeDecodeError, dfile.DockerfileError):
+        return []
+    found: list[str] = []
+    for ins in instructions:
+        if ins.keyword != "RUN":
+            continue
+        for part in re.split(r"&&|\|\||;|\|", ins.args):
+            m = _PIP_IN_RUN.search(part.strip())
+            if not m:
+                continue
+            words = m.group(1).split()
+            skip = False
+            for word in words:
+                if skip:
+                    skip = False
+                    continue
+                if word in ("-r", "-e", "-c", "--requirement", "--editable", "--constraint",
+                            "-i", "--index-url", "--extra-index-url", "-f", "--find-links",
+                            "--target", "-t", "--prefix", "--root"):
+                    skip = True
+                    continue
+                word = word.strip("'\"")
+                if word.startswith(("-", ".", "/", "$")) or "://" in word or not word:
+                    continue
+                if word not in found:
+                    found.append(word)
+    return found
+
+
+def test_imports(tests_dir: Path, files) -> list[str]:
+    """Top-level modules the test files import (anywhere in them), in order: not the standard
+    library's, not a module of the tests folder."""
+    import ast
+    import sys
+    names: list[str] = []
+    local = {p.stem for p in tests_dir.rglob("*.py")} | {p.name for p in tests_dir.iterdir()
+                                                          if p.is_dir()}
+    for rel in files:
+        try:
+            tree = ast.parse((tests_dir / rel).read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                mods = [node.module]
+            else:
+                continue
+            for mod in mods:
+                top = mod.split(".")[0]
+                if (top not in names and top not in sys.stdlib_module_names
+                        and top not in local):
+                    names.append(top)
+    return names
+
+
+def image_package_installs(tests_dir: Path, files, dockerfile: Path | None) -> list[str]:
+    """The Dockerfile's pip requirements whose modules the test files import and the project's
+    interpreter (the verifier's) lacks: TB1 runs its tests with the sandbox's Python, which has
+    them; the protected verifier installs the same pinned requirements for itself (from PyPI, a
+    test-time install) instead of importing the sandbox's copies (the agent's to change)."""
+    import importlib.util
+    if dockerfile is None or not dockerfile.is_file():
+        return []
+    by_dist = {}
+    for req in image_pip_requirements(dockerfile):
+        by_dist.setdefault(_dist_key(re.split(r"[<>=!~\[ ;]", req, maxsplit=1)[0]), req)
+    wanted: list[str] = []
+    for module in test_imports(tests_dir, files):
+        try:
+            if importlib.util.find_spec(module) is not None:
+                continue
+        except (ImportError, ValueError):
+            pass
+        req = by_dist.get(_dist_key(IMPORT_DISTS.get(module, module)))
+        if req is not None and req not in wanted:
+            wanted.append(req)
+    return wanted
+
+
+def with_image_installs(spec: VerifierSpec, tests_dir: Path, dockerfile: Path | None
+                        ) -> VerifierSpec:
+    """``spec`` whose script first installs :func:`image_package_installs` for the verifier."""
+    import dataclasses
+    import shlex
+
+    from tr.envs.protected import PIP_INSTALL
+    if spec.script_text is None:
+        return spec
+    wanted = image_package_installs(tests_dir, spec.test_files, dockerfile)
+    if not wanted:
+        return spec
+    line = (f'{PIP_INSTALL} --target "$HOME/site" {" ".join(shlex.quote(r) for r in wanted)}'
+            "  # tr: the tests import what the Dockerfile installs for the sandbox's Python")
+    note = (f"the tests import {', '.join(wanted)}, which the Dockerfile installs for the "
+            "sandbox's Python: installed for the verifier at test time (the same requirements, "
+            "from PyPI; needs the network at test time)")
+    return dataclasses.replace(spec, script_text=line + "\n" + spec.script_text,
+                               note=f"{spec.note}; {note}" if spec.note else note)
 
 
 def pytest_spec_from_script(script: str, script_name: str, tests_dir: Path) -> VerifierSpec:
@@ -123,10 +239,8 @@ def pytest_spec_from_script(script: str, script_name: str, tests_dir: Path) -> V
                  "not importable there, so checks of the sandbox's pip fail for every attempt "
                  "(Terminal-Bench's harness runs them with the sandbox's own Python, unprotected)")
     servers = local_server_checks(tests_dir, named or all_files)
-    if servers:
-        note += "; " + server_note(servers)
     return VerifierSpec(kind="pytest", test_files=tuple(named or all_files), note=note,
-                        script_text=done.text)
+                        script_text=done.text, servers=server_names(servers))
 
 
 def shell_syntax_problems(text: str, file: str, label: str) -> list[Problem]:

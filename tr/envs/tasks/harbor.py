@@ -200,14 +200,20 @@ def _verifier(task_dir: Path, f: FieldReader, layout: str, problems: list[Proble
         if checks.runs_pytest(script) and test_files:
             spec = checks.pytest_spec_from_script(script, "tests/test.sh", tests_dir)
         else:
+            found = checks.local_server_checks(tests_dir, ["test.sh", *test_files])
             spec = VerifierSpec(kind="reward_file", script="test.sh",
-                                env=f.string_table("verifier.env"))
+                                env=f.string_table("verifier.env"),
+                                servers=checks.server_names(found))
             if deep:
                 problems.extend(checks.solution_problems(test_sh, "tests/test.sh", script,
                                                          as_turns=False))
             return spec
     elif test_files:
-        spec = VerifierSpec(kind="pytest", test_files=tuple(test_files))
+        # Harbor's harness keeps the agent's processes alive while the tests run; tr's own
+        # layout ends them (its tasks leave no servers to test)
+        found = checks.local_server_checks(tests_dir, test_files) if layout == "harbor" else {}
+        spec = VerifierSpec(kind="pytest", test_files=tuple(test_files),
+                            servers=checks.server_names(found))
     else:
         expected = "test_*.py files" + (" or a test.sh" if layout == "harbor" else "")
         problems.append(Problem("tests/", None, f"no tests: expected {expected}"))
@@ -219,7 +225,7 @@ def _verifier(task_dir: Path, f: FieldReader, layout: str, problems: list[Proble
     spec = VerifierSpec(kind=spec.kind, test_files=spec.test_files, final_gate=final_gate,
                         required=required, note=spec.note, script_text=spec.script_text,
                         env=f.string_table("verifier.env") if layout == "harbor" else (),
-                        runner=runner)
+                        runner=runner, servers=spec.servers if layout == "harbor" else ())
     file_problems, names = checks.test_file_problems(tests_dir, spec.test_files, "tests")
     problems.extend(file_problems)
     if not file_problems:

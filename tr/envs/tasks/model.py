@@ -82,6 +82,10 @@ class VerifierSpec:
     script_text: str | None = None  # the task's test script as run (testscript.rewrite), if any
     env: tuple[tuple[str, str], ...] = ()  # Harbor [verifier].env: exported for the verifier
     runner: str = "pytest"  # pytest | stdlib (tr/envs/checkrun.py: same checks, no start-up)
+    # the tests talk to a server on the sandbox's own host ("file (localhost:8080)", ...): where
+    # the backend can, they run beside the agent's live processes (protected.run_verifier's
+    # beside_agent), as the TB1/Harbor harnesses keep them; set by those layouts' loaders
+    servers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -323,12 +323,16 @@ def verify(task: Task, sandbox, workdir: str | None = None) -> vr.VerifierResult
     default the sandbox's workdir)."""
     from tr.envs import protected
 
+    from tr.envs.backends import get_backend
+
     workdir = workdir or sandbox.config.workdir
     command = verifier_command(task, workdir)
+    beside = bool(task.verifier.servers) and get_backend(sandbox.backend).network_sibling
     with tempfile.TemporaryDirectory(prefix="tr-verifier-") as out:
         start = time.monotonic()
         run = protected.run_verifier(sandbox, task.tests_dir, command,
-                                     timeout_s=task.budgets.verifier_timeout_s, output_dir=out)
+                                     timeout_s=task.budgets.verifier_timeout_s, output_dir=out,
+                                     beside_agent=beside)
         duration = time.monotonic() - start
         files = _read_results(Path(out))
     if task.verifier.kind == "pytest":
@@ -344,8 +348,28 @@ def verify(task: Task, sandbox, workdir: str | None = None) -> vr.VerifierResult
         result = vr.result_from_reward(files, exit_code=run.exit_code, timed_out=run.timed_out,
                                        log=run.output, duration_s=duration)
     result = result.with_task(task.id, task.family, task.tier)
-    notes = environment_notes(task, sandbox)
+    notes = environment_notes(task, sandbox) + server_notes(task, sandbox.backend)
     return dataclasses.replace(result, notes=tuple(notes)) if notes else result
+
+
+def server_notes(task: Task, backend) -> list[str]:
+    """For tests that talk to a local server: how they ran on ``backend`` (beside the agent's
+    live processes, or after they were ended, and what to do then)."""
+    from tr.envs.backends import get_backend
+
+    if not task.verifier.servers:
+        return []
+    where = ", ".join(task.verifier.servers)
+    backend = get_backend(backend)
+    if backend.network_sibling:
+        return [f"{where} talk to a local server: the tests ran beside the agent's processes, "
+                "still running (a sibling of the sandbox sharing only its network, started from "
+                "a snapshot of its files: servers the agent left answer on localhost; files they "
+                "write while the tests run are not seen)"]
+    return [f"{where} talk to a local server: the {backend.name} backend ends every agent "
+            "process before the tests, so a server the agent left running is gone and those "
+            "checks fail; run this task with --backend docker (the tests then run beside the "
+            "agent's live processes)"]
 
 
 IMAGE_NOTES: dict[str, tuple[str, ...]] = {}   # task image tag -> how it was made (this process)

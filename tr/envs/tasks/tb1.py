@@ -99,6 +99,8 @@ def load(task_dir: Path, *, deep: bool = False) -> tuple[Task | None, list[Probl
 
     if problems:
         return None, problems
+    if environment.kind == "dockerfile":
+        spec = checks.with_image_installs(spec, task_dir / "tests", environment.dockerfile)
     return Task(
         id=task_dir.name, family=family, tier=tier, instruction=instruction,
         environment=environment, tests_dir=task_dir / "tests", verifier=spec, budgets=budgets,

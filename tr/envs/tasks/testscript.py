@@ -11,7 +11,8 @@ What changes (line by line, on the script's logical lines; everything else runs 
 * an install line that also names other Python packages keeps them: those the project's
   interpreter already has are dropped with a note; the rest are installed for the verifier's
   interpreter with `"$TR_PYTHON" -m pip install --target "$HOME/site"` (the project's pip, from
-  `/opt/tr/pip`: it is not importable by the tests themselves; needs the network at test
+  `/opt/tr/pip`: it is not importable by the tests themselves; no pip configuration of the
+  sandbox, the host's CAs: `tr.envs.protected.PIP_INSTALL`; needs the network at test
   time; the note says so);
 * every pytest run -- `pytest`, `uv run pytest`, `python -m pytest`, `uvx … pytest`, and `bash
   $TEST_DIR/run-uv-pytest.sh` (TB1's harness file, inlined) -- becomes `"$TR_PYTHON" -P -m pytest
@@ -28,7 +29,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from tr.envs.protected import PIP_MOUNT
+from tr.envs.protected import PIP_INSTALL
 
 PYTEST_PACKAGES = re.compile(r"^(pytest([-_][\w-]+)?|pluggy|iniconfig|uv)([<>=!~\[ ].*)?$", re.I)
 _TOOL_PACKAGES = {"curl", "wget", "ca-certificates", "python3-pip", "python3-venv", "python3-pytest",
@@ -165,8 +166,7 @@ def rewrite(script: str, *, junit: str, run_uv_pytest: str | None = None,
                 if missing:
                     notes.append(f"test-time install of {', '.join(missing)} (not in the project "
                                  "env): installed for the verifier, needs the network at test time")
-                    out.append(f'{indent}PYTHONPATH="{PIP_MOUNT}:$PYTHONPATH" "$TR_PYTHON" -P -m pip '
-                               f'install -q --disable-pip-version-check '
+                    out.append(f'{indent}{PIP_INSTALL} '
                                f'--target "$HOME/site" {" ".join(shlex.quote(r) for r in missing)}'
                                f'  # tr: was: {stripped[:100]}')
                 else:
