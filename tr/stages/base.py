@@ -209,13 +209,10 @@ def ordinary_ids(tokenizer) -> np.ndarray:
     return np.asarray([i for i in range(tokenizer.vocab_size) if i not in special], np.int32)
 
 
-EVAL_SLOTS = 16      # the sampler's decode rows: fixed, so its shapes do not follow concurrency
-
-
 class Evaluator:
     """Pass@1 of the current parameters on a fixed task list, on an `EpisodeSampler` (compiled
     once).  Each request's key is `fold_in(key(seed), crc32(episode id, episode seed, turn))`
-    (`ModelPolicy.submit`), and the sampler's shapes are fixed (`EVAL_SLOTS` rows, the full cache
+    (`ModelPolicy.submit`), and the sampler's shapes are fixed (`common.MIN_SLOTS` rows, the full cache
     length, batch-invariant prefill) and the episode's wall-clock cap is far above need
     (`eval.wall_time_s`), so an evaluation is a function of (parameters, tasks, seed): the same
     episodes at any concurrency and any timing of the sandboxes."""
@@ -225,7 +222,7 @@ class Evaluator:
         from tr.stages.common import episode_sampler
 
         self.config, self.model, self.tokenizer = config, model, tokenizer
-        self.sampler = episode_sampler(model, tokenizer, slots=max(EVAL_SLOTS, config.concurrency),
+        self.sampler = episode_sampler(model, tokenizer, concurrency=config.concurrency,
                                        max_new_tokens=config.eval.max_output_tokens)
         self.policy_cls = ModelPolicy
 

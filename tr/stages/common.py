@@ -279,16 +279,21 @@ def iteration_tasks(tasks: Sequence, iteration: int, per_iteration: int, seed: i
 # Rollouts
 
 
-def episode_sampler(model, tokenizer, *, slots: int, max_new_tokens: int):
+MIN_SLOTS = 16      # decode rows at least: fixed, so the sampler's shapes do not follow concurrency
+
+
+def episode_sampler(model, tokenizer, *, concurrency: int, max_new_tokens: int):
     """The stages' sampler: an `EpisodeSampler` (episode KV caches across turns, continuous
-    batching) with `slots` decode rows, the model's whole context as each row's cache and
+    batching) with max(`MIN_SLOTS`, `concurrency`) decode rows, the model's whole context as each
+    row's cache and
     batch-invariant prefill, so a request's tokens and log-probs depend only on the parameters,
     its prompt and its key (seed, episode id, turn): rollouts and evaluations are the same at any
     concurrency and any timing of the sandboxes, and compiles do not follow the row count."""
     from tr.sampling.slots import EpisodeSampler  # pylint: disable=g-import-not-at-top
 
     cache_len = model.config.max_seq_len
-    return EpisodeSampler(model, tokenizer, slots=slots, cache_len=cache_len,
+    return EpisodeSampler(model, tokenizer, slots=max(MIN_SLOTS, int(concurrency)),
+                          cache_len=cache_len,
                           min_capacity=cache_len, max_new_tokens=max_new_tokens,
                           batch_invariant=True)
 
@@ -297,8 +302,6 @@ class Actor:
     """The sampler over the current actor parameters: rollouts (kept as shards) and evaluation.
     A context manager: `close()` stops the sampler's engine thread."""
 
-    SLOTS = 16      # decode rows at least: fixed, so the sampler's shapes do not follow concurrency
-
     def __init__(self, models: Models, rollout_config, eval_config=None):
         self.models = models
         self.config = rollout_config
@@ -306,7 +309,7 @@ class Actor:
         if eval_config is not None and "max_output_tokens" in eval_config:
             caps.append(int(eval_config.max_output_tokens))
         self.sampler = episode_sampler(models.actor, models.tokenizer,
-                                       slots=max(self.SLOTS, int(rollout_config.concurrency)),
+                                       concurrency=int(rollout_config.concurrency),
                                        max_new_tokens=max(caps))
 
     def sync(self, actor_params) -> None:

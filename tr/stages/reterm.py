@@ -153,11 +153,11 @@ class Actor:
     batching, batch-invariant) and the policies over it; parameters are swapped in place."""
 
     def __init__(self, model, tokenizer, *, concurrency: int, max_output_tokens: int):
-        from tr.stages.common import Actor as StageActor, episode_sampler
+        from tr.stages.common import episode_sampler
 
         self.model, self.tokenizer = model, tokenizer
         self.sampler = episode_sampler(model, tokenizer,
-                                       slots=max(StageActor.SLOTS, concurrency),
+                                       concurrency=concurrency,
                                        max_new_tokens=max_output_tokens)
         self.calls = 0
 

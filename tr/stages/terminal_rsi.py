@@ -260,7 +260,7 @@ def evaluate_stage(run_dir: pathlib.Path, stage: str, report_config, tasks, *, s
     nnx.update(model, state)
     rc = report_config
     sampler = common.episode_sampler(model, tokenizer,
-                                     slots=max(common.Actor.SLOTS, int(rc.concurrency)),
+                                     concurrency=int(rc.concurrency),
                                      max_new_tokens=int(rc.max_output_tokens))
     policy = ModelPolicy(sampler, tokenizer, temperature=float(rc.temperature),
                          top_p=float(rc.top_p), seed=seed, name=stage)
