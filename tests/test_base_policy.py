@@ -8,6 +8,7 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from tr.agent import runbook as rb
@@ -79,11 +80,10 @@ def test_quick_variant_writes_base_json_and_an_actor_stage(tmp_path):
     work = tmp_path / "run"
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "TR_GYM_DIR": str(tmp_path / "gym")}
     proc = subprocess.run([sys.executable, "experiments/main.py",
-                           "--config=experiments/base_policy.py:quick", f"--workdir={work}",
-                           "--config.sft.copy_warmup_steps=2"],
+                           "--config=experiments/base_policy.py:quick", f"--workdir={work}"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "copy warm-up: 2 steps" in proc.stdout
+    assert "copy warm-up: 4 steps" in proc.stdout
     result = json.loads((work / "base.json").read_text())
     assert 0.0 <= result["val"]["pass_at_1"] <= 1.0 and result["wall_s"] > 0
     assert set(result["test"]["by_family"]) == set(gym.FAMILIES)
@@ -91,8 +91,9 @@ def test_quick_variant_writes_base_json_and_an_actor_stage(tmp_path):
     assert result["selected_step"] in {e["step"] for e in result["evals"]}
     assert result["demos"]["episodes"] == 24 and result["demos"]["sequences"] > 0
     manifest = json.loads((work / "base" / "stage.json").read_text())
-    # the checkpoint counts the 2 copy warm-up updates too; children load it at that step
-    assert manifest["kind"] == "sft" and manifest["finished_step"] == result["selected_step"] + 2
+    # the copy warm-up has its own optimizer state: the checkpoint's step counts demo updates only
+    assert manifest["kind"] == "sft" and manifest["finished_step"] == result["selected_step"]
+    assert result["copy"]["steps"] == 4 and result["copy"]["loss"] > 0
     summary = json.loads((work / "base" / "summary.json").read_text())
     assert summary["retained_step"] == manifest["finished_step"]
     assert manifest["config"]["model"] == "gym"
@@ -101,7 +102,7 @@ def test_quick_variant_writes_base_json_and_an_actor_stage(tmp_path):
     assert model_cfg.name == "gym" and tok.vocab_size == embedded.load_tokenizer().vocab_size
     assert prompt == embedded.SYSTEM_PROMPT
     steps = sorted(p.name for p in (work / "base" / "checkpoints").iterdir())
-    assert steps == [str(result["selected_step"] + 2)]
+    assert steps == [str(result["selected_step"])]
     saved = sorted(p.name for p in (work / "base" / "checkpoints" / steps[0]).iterdir())
     assert "actor_params" in saved and "critic_params" not in saved
     assert "Pass@1" in (work / "base-test.txt").read_text()
@@ -229,26 +230,56 @@ def test_a_mistake_demos_wrong_action_is_context_not_a_target():
     assert seq["loss_mask"].tolist() == seq["actor_mask"].tolist()    # the input is not changed
 
 
-def test_copy_rows_repeat_a_span_of_ordinary_ids_with_loss_on_the_repeat():
+def test_copy_batches_previous_token_rows_then_packed_span_repeats():
     tok = embedded.load_tokenizer()
     ordinary = base.ordinary_ids(tok)
     assert tok.pad_id not in ordinary and tok.eos_id not in ordinary
     assert len(ordinary) == tok.vocab_size - 4
+    batch = next(base.copy_batches(ordinary, batch=3, length=64, span=(3, 7), prev_rows=1, seed=0))
+    row, mask = batch["tokens"][0], batch["loss_mask"][0]
+    assert (row[0::2] == row[1::2]).all() and mask[1::2].all() and not mask[0::2].any()
+    assert set(row) <= set(ordinary)
+    for r in (1, 2):
+        row, mask, seg = batch["tokens"][r], batch["loss_mask"][r], batch["segment_ids"][r]
+        segments = [k for k in np.unique(seg) if k]
+        assert len(segments) >= 64 // 14
+        for k in segments:
+            at = np.flatnonzero(seg == k)
+            n = len(at) // 2
+            assert len(at) == 2 * n and 3 <= n <= 7 and (np.diff(at) == 1).all()
+            span = row[at]
+            assert (span[:n] == span[n:]).all() and set(span) <= set(ordinary)
+            # loss on the repeat after its first token (the first is not predictable)
+            assert mask[at].tolist() == [False] * (n + 1) + [True] * (n - 1)
+        assert not mask[seg == 0].any()
+
+
+def test_with_copy_rows_replaces_the_last_rows_of_each_demo_batch():
+    tok = embedded.load_tokenizer()
+    ordinary = base.ordinary_ids(tok)
     seqs = [{"tokens": [5, 6, 7, 8] * 10, "loss_mask": [True] * 40}] * 8
     plain = base.batches(seqs, batch=4, length=64, pad_id=tok.pad_id, seed=0)
     mixed = base.with_copy_rows(base.batches(seqs, batch=4, length=64, pad_id=tok.pad_id, seed=0),
-                                rows=1, ordinary_ids=ordinary, seed=0)
+                                rows=1, ordinary_ids=ordinary, span=(4, 8), seed=0)
     for _ in range(3):
         a, b = next(plain), next(mixed)
         assert (a["tokens"][:3] == b["tokens"][:3]).all()              # demo rows untouched
-        row, mask = b["tokens"][3], b["loss_mask"][3]
-        assert (row[:32] == row[32:]).all() and set(row[:32]) <= set(ordinary)
-        assert not mask[:33].any() and mask[33:].all()                # the repeat, after its first
-        assert (b["segment_ids"][3] == 1).all()
+        assert (a["loss_mask"][:3] == b["loss_mask"][:3]).all()
+        assert set(b["tokens"][3][b["segment_ids"][3] > 0]) <= set(ordinary)
+        assert b["segment_ids"][3].max() >= 4 and b["loss_mask"][3].any()
+
+
+def test_copy_config_errors_name_the_field():
     config = base.defaults("quick")
-    config.sft.copy_rows = config.sft.batch
-    with pytest.raises(base.ConfigError, match=r"config\.sft\.copy_rows"):
+    config.copy.rows = config.sft.batch
+    with pytest.raises(base.ConfigError, match=r"config\.copy\.rows"):
         base._check(config)
-    config.sft.copy_rows, config.sft.copy_warmup_steps = 0, -1
-    with pytest.raises(base.ConfigError, match=r"config\.sft\.copy_warmup_steps"):
+    config.copy.rows, config.copy.steps = 0, -1
+    with pytest.raises(base.ConfigError, match=r"config\.copy\.steps"):
+        base._check(config)
+    config.copy.steps, config.copy.span = 4, (8, 4)
+    with pytest.raises(base.ConfigError, match=r"config\.copy\.span"):
+        base._check(config)
+    config.copy.span, config.copy.prev_rows = (4, 8), config.copy.batch
+    with pytest.raises(base.ConfigError, match=r"config\.copy\.prev_rows"):
         base._check(config)

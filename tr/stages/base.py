@@ -178,26 +178,55 @@ def batches(seqs, *, batch: int, length: int, pad_id: int, seed: int):
             yield out
 
 
-def with_copy_rows(data, *, rows: int, ordinary_ids: np.ndarray, seed: int):
-    """`data`'s batches with their last `rows` rows replaced by copy rows: a random span of
-    `ordinary_ids` (the tokenizer's ids but its specials) followed by itself, loss on the
-    repeat after its first token.  A model learns there to continue text it has seen before
-    (an induction head: find the earlier occurrence of the current token, emit what followed it),
-    which is how a gym command copies a path or name from the instruction or an observation
-    ("/app/data/kelp.txt" in the instruction, "cp /app/data/" then "kelp" in the command)."""
+def copy_batches(ordinary_ids: np.ndarray, *, batch: int, length: int, span: tuple[int, int],
+                 prev_rows: int, seed: int):
+    """Endless copy-only batches [batch, length] of random `ordinary_ids`: what a command needs to
+    copy a name or number it has read ("/app/data/kelp.txt" in the instruction, "cp /app/data/" then
+    "kelp" in the command).
+
+    The first `prev_rows` rows repeat every token once (x₁x₁x₂x₂…, loss on each second token): a
+    previous-token head.  The other rows pack segments s‖s of spans s with |s| ∈ [span₀, span₁]
+    (loss on the repeat after its first token): an induction head, which matches the current token
+    against earlier tokens' predecessors -- the previous-token head's output.  Both together form it
+    within a few hundred updates at lr 1e-2; the span rows alone stay near 5 nats for 2,000 updates
+    (issue 11's note).  Segment ids 1, 2, ... (attention stays inside a segment), 0 on padding."""
     rng = np.random.default_rng([seed, 7])
+    lo, hi = span
+    while True:
+        out = {"tokens": np.zeros((batch, length), np.int32),
+               "loss_mask": np.zeros((batch, length), bool),
+               "segment_ids": np.zeros((batch, length), np.int32)}
+        for r in range(batch):
+            if r < prev_rows:
+                out["tokens"][r] = np.repeat(rng.choice(ordinary_ids, size=(length + 1) // 2), 2)[:length]
+                out["loss_mask"][r, 1::2] = True
+                out["segment_ids"][r] = 1
+                continue
+            at, segment = 0, 1
+            while True:
+                n = int(rng.integers(lo, hi + 1))
+                if at + 2 * n > length:
+                    break
+                s = rng.choice(ordinary_ids, size=n)
+                out["tokens"][r, at:at + 2 * n] = np.concatenate([s, s])
+                out["loss_mask"][r, at + n + 1:at + 2 * n] = True
+                out["segment_ids"][r, at:at + 2 * n] = segment
+                at, segment = at + 2 * n, segment + 1
+        yield out
+
+
+def with_copy_rows(data, *, rows: int, ordinary_ids: np.ndarray, span: tuple[int, int], seed: int):
+    """`data`'s batches with their last `rows` rows replaced by span-copy rows (`copy_batches`):
+    keeps the copy warm-up's induction head while the demos are learned."""
+    copies = None
     for batch in data:
         if rows:
-            length = batch["tokens"].shape[1]
-            half = length // 2
-            for r in range(batch["tokens"].shape[0] - rows, batch["tokens"].shape[0]):
-                span = rng.choice(ordinary_ids, size=half)
-                batch["tokens"][r, :2 * half] = np.concatenate([span, span])
-                batch["tokens"][r, 2 * half:] = batch["tokens"][r, 0]
-                batch["loss_mask"][r] = False
-                batch["loss_mask"][r, half + 1:2 * half] = True
-                batch["segment_ids"][r] = 0
-                batch["segment_ids"][r, :2 * half] = 1
+            b, length = batch["tokens"].shape
+            copies = copies or copy_batches(ordinary_ids, batch=rows, length=length, span=span,
+                                            prev_rows=0, seed=seed)
+            extra = next(copies)
+            for key in ("tokens", "loss_mask", "segment_ids"):
+                batch[key][b - rows:] = extra[key]
         yield batch
 
 
@@ -282,15 +311,15 @@ VARIANTS = ("default", "fast", "quick", "smoke")
 # tasks): a Base for pipelines whose whole budget is a few minutes (Terminal-RSI's main job).
 FAST = {"demos.tasks": 672, "sft.steps": 120, "sft.warmup": 16, "sft.eval_start": 80,
         "sft.eval_every": 40, "eval.test_count": 32}
-QUICK = {"demos.tasks": 24, "sft.steps": 6, "sft.eval_start": 3, "sft.eval_every": 3, "sft.batch": 4,
+QUICK = {"demos.tasks": 24, "copy.steps": 4, "copy.batch": 4, "copy.prev_rows": 1, "sft.steps": 6, "sft.eval_start": 3, "sft.eval_every": 3, "sft.batch": 4,
          "eval.val_count": 8, "eval.test_count": 8, "eval.max_turns": 2,
          "eval.max_output_tokens": 32}
 # Smaller still than `quick` (one eval of two tasks, one turn): the pod form's local smoke run and
 # the stage kind's test.
-SMOKE = {**QUICK, "demos.tasks": 8, "sft.steps": 2, "sft.eval_start": 2, "sft.eval_every": 2,
+SMOKE = {**QUICK, "demos.tasks": 8, "copy.steps": 0, "sft.steps": 2, "sft.eval_start": 2, "sft.eval_every": 2,
          "sft.batch": 2, "eval.val_count": 2, "eval.test_count": 2, "eval.max_turns": 1,
          "eval.max_output_tokens": 16}
-SECTIONS = ("demos", "sft", "eval", "select")
+SECTIONS = ("demos", "copy", "sft", "eval", "select")
 
 
 def defaults(variant: str = "default"):
@@ -320,11 +349,19 @@ def defaults(variant: str = "default"):
     config.sft.batch = 8                                  # packed rows per update (~3 demos a row)
     config.sft.length = 512                               # row length (tokens); longer demos dropped
     config.sft.learning_rate = 3e-3
-    config.sft.copy_rows = 0                              # rows per batch of span-copy data
-    config.sft.copy_warmup_steps = 0                      # copy-only updates before the demos
     config.sft.warmup = 20
     config.sft.eval_start = 80                            # val evaluations at 80, 120, 160
     config.sft.eval_every = 40
+    # In-context copying before the demos (`copy_batches`), with its own optimizer: the demos teach
+    # each family's commands, these updates the mechanism that fills names and numbers into them.
+    config.copy = ml_collections.ConfigDict()
+    config.copy.steps = 300                               # copy-only updates (0: none)
+    config.copy.learning_rate = 1e-2                      # at 3e-3 the induction head does not form
+    config.copy.batch = 16
+    config.copy.length = 128
+    config.copy.span = (4, 24)                            # span lengths (tokens), inclusive
+    config.copy.prev_rows = 4                             # previous-token rows per copy batch
+    config.copy.rows = 1                                  # span-copy rows in each demo batch after
     config.eval = ml_collections.ConfigDict()
     config.eval.val_count = 32
     config.eval.test_count = 64
@@ -360,11 +397,18 @@ def _check(config) -> None:
     for field in ("steps", "batch", "length", "eval_every", "eval_start"):
         if config.sft[field] < 1:
             raise ConfigError(f"config.sft.{field} must be >= 1, got {config.sft[field]}")
-    if config.sft.copy_warmup_steps < 0:
-        raise ConfigError(f"config.sft.copy_warmup_steps must be >= 0, got "
-                          f"{config.sft.copy_warmup_steps}")
-    if not 0 <= config.sft.copy_rows < config.sft.batch:
-        raise ConfigError(f"config.sft.copy_rows = {config.sft.copy_rows} must be >= 0 and < "
+    if config.copy.steps < 0:
+        raise ConfigError(f"config.copy.steps must be >= 0, got {config.copy.steps}")
+    if config.copy.steps and not 0 <= config.copy.prev_rows < config.copy.batch:
+        raise ConfigError(f"config.copy.prev_rows = {config.copy.prev_rows} must be >= 0 and < "
+                          f"config.copy.batch = {config.copy.batch} (span rows are needed)")
+    lo, hi = config.copy.span
+    if not 1 <= lo <= hi or 2 * hi > min(config.copy.length, config.sft.length):
+        raise ConfigError(f"config.copy.span {tuple(config.copy.span)} must satisfy 1 <= lo <= hi and "
+                          f"2 * hi <= config.copy.length / config.sft.length (a span and its repeat "
+                          "fit a row)")
+    if not 0 <= config.copy.rows < config.sft.batch:
+        raise ConfigError(f"config.copy.rows = {config.copy.rows} must be >= 0 and < "
                           f"config.sft.batch = {config.sft.batch} (rows of demos are needed)")
     lo, hi = config.select.band
     if not 0 <= lo <= config.select.target <= hi <= 1:
@@ -374,6 +418,37 @@ def _check(config) -> None:
 
 # ------------------------------------------------------------------------------------------------
 # Training, selection, report
+
+
+def copy_warmup(config, train_cfg, fns, tokenizer, t_start: float):
+    """`config.copy.steps` SFT updates on `copy_batches` with their own AdamW (lr
+    `config.copy.learning_rate`, warm-up then cosine to a tenth); returns (actor params, stats)."""
+    import copy as copy_lib
+
+    from tr.train import steps as steps_lib
+    from tr.train.state import create_train_state
+
+    c = config.copy
+    cfg = copy_lib.deepcopy(train_cfg)
+    opt = cfg.actor.optimizer
+    opt.learning_rate, opt.schedule, opt.warmup_steps = c.learning_rate, "warmup_cosine", min(20, c.steps)
+    opt.decay_steps, opt.end_learning_rate_factor = c.steps, 0.1
+    step = steps_lib.build_steps(cfg, actor_logprobs=fns.actor_logprobs).sft
+    state = create_train_state(actor_params=fns.actor_params,
+                               actor_optimizer=steps_lib.make_optimizer(opt), seed=config.seed)
+    data = copy_batches(ordinary_ids(tokenizer), batch=c.batch, length=c.length, span=tuple(c.span),
+                        prev_rows=c.prev_rows, seed=config.seed)
+    t0, losses = time.monotonic(), []
+    for i in range(1, c.steps + 1):
+        state, metrics = step(state, next(data))
+        if i % 50 == 0 or i == c.steps:
+            losses.append({"step": i, "loss": float(metrics["actor/loss"])})
+            print(f"[{time.monotonic() - t_start:5.0f}s] copy warm-up {i}/{c.steps}: loss "
+                  f"{losses[-1]['loss']:.3f}", flush=True)
+    wall = time.monotonic() - t0
+    print(f"copy warm-up: {c.steps} steps in {wall:.0f}s", flush=True)
+    return state.actor_params, {"steps": c.steps, "loss": losses[-1]["loss"], "curve": losses,
+                                "wall_s": wall}
 
 
 def train(config, run_dir: pathlib.Path, out_dir: pathlib.Path) -> dict:
@@ -412,33 +487,22 @@ def train(config, run_dir: pathlib.Path, out_dir: pathlib.Path) -> dict:
     model = Decoder(model_cfg, rngs=nnx.Rngs(config.seed))
     fns = steps_lib.nnx_model_fns(model)
     train_cfg = steps_lib.default_config()
+    actor_params, copy_stats = fns.actor_params, {"steps": 0}
+    if config.copy.steps:
+        actor_params, copy_stats = copy_warmup(config, train_cfg, fns, tokenizer, t_start)
     opt = train_cfg.actor.optimizer
     opt.learning_rate = config.sft.learning_rate
-    warm = int(config.sft.copy_warmup_steps)
     opt.schedule, opt.warmup_steps = "warmup_cosine", config.sft.warmup
-    opt.decay_steps = warm + config.sft.steps
+    opt.decay_steps = config.sft.steps
     opt.end_learning_rate_factor = 0.1
     sft = steps_lib.build_steps(train_cfg, actor_logprobs=fns.actor_logprobs).sft
-    actor_opt = steps_lib.make_optimizer(opt)
-    state = create_train_state(actor_params=fns.actor_params, actor_optimizer=actor_opt,
-                               seed=config.seed)
+    state = create_train_state(actor_params=actor_params,
+                               actor_optimizer=steps_lib.make_optimizer(opt), seed=config.seed)
     data = batches(seqs, batch=config.sft.batch, length=config.sft.length,
                    pad_id=tokenizer.pad_id, seed=config.seed)
-    data = with_copy_rows(data, rows=int(config.sft.copy_rows),
-                          ordinary_ids=ordinary_ids(tokenizer), seed=config.seed)
-
-    if warm:    # copy rows only: the mechanism a command needs to copy a name it has seen
-        copy_data = with_copy_rows(
-            batches(seqs, batch=config.sft.batch, length=config.sft.length,
-                    pad_id=tokenizer.pad_id, seed=config.seed + 1),
-            rows=config.sft.batch, ordinary_ids=ordinary_ids(tokenizer), seed=config.seed + 1)
-        t0 = time.monotonic()
-        for step in range(1, warm + 1):
-            state, metrics = sft(state, next(copy_data))
-            if step % 25 == 0 or step == warm:
-                print(f"[{time.monotonic() - t_start:5.0f}s] copy warm-up {step}/{warm}: loss "
-                      f"{float(metrics['actor/loss']):.3f}", flush=True)
-        print(f"copy warm-up: {warm} steps in {time.monotonic() - t0:.0f}s", flush=True)
+    data = with_copy_rows(data, rows=int(config.copy.rows) if config.copy.steps else 0,
+                          ordinary_ids=ordinary_ids(tokenizer), span=tuple(config.copy.span),
+                          seed=config.seed + 1)
     val_tasks = gym.split_tasks("val", config.eval.val_count, seed=config.seed)
     test_tasks = gym.split_tasks("test", config.eval.test_count, seed=config.seed)
     evaluator = Evaluator(config, model, tokenizer)
@@ -491,7 +555,7 @@ def train(config, run_dir: pathlib.Path, out_dir: pathlib.Path) -> dict:
                  "by_tier": {t: v["pass@1"] or 0.0 for t, v in test["by_tier"].items()},
                  "heldout_family": gym.HELDOUT_FAMILY, "tasks": len(test_tasks),
                  "format_errors": test["format_errors"]},
-        "evals": evals, "demos": demo_stats,
+        "evals": evals, "demos": demo_stats, "copy": copy_stats,
         "wall_s": wall, "train_s": t_train, "eval_s": t_eval,
         "model": config.model, "tokenizer": config.tokenizer,
     }
