@@ -7,7 +7,9 @@ config as JSON and exits (the pod launchers' `--dry-run` shows it). A config's `
 (`tr/train/pod.py`) says whether to join a multi-process run first (`--config.pod.distributed=True`).
 """
 
+import os
 import pathlib
+import signal
 import sys
 
 from absl import app
@@ -51,7 +53,20 @@ def load_config():
     return config
 
 
+def _exit_on_sigterm(signum, _frame):
+    """SIGTERM (a launcher's or a scheduler's kill) as SystemExit: the stages' `finally` blocks run,
+    so sandboxes close and persisted snapshots (ReTerm's failure states, its recovery queue) are
+    discarded instead of left in the sandbox state folder.  A killed stage resumes as after any
+    kill; what it held in memory is rebuilt."""
+    raise _Terminated(128 + signum)
+
+
+class _Terminated(SystemExit):
+    """SIGTERM's exit, once the stages' `finally` blocks have run (`main` ends the process)."""
+
+
 def main(argv):
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     config = load_config()
@@ -84,6 +99,13 @@ def main(argv):
     except registry.ConfigError as error:
         sys.stderr.write(f"error: {error}\n")
         sys.exit(2)
+    except _Terminated as stop:
+        # Cleaned up; leave without the interpreter's teardown, which can abort in C++ when
+        # library threads (XLA, Orbax) are still alive at exit.
+        sys.stderr.write(f"terminated (SIGTERM): stages cleaned up; exit {stop.code}\n")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(stop.code)
 
 
 if __name__ == "__main__":

@@ -167,3 +167,32 @@ def test_stage_config_errors_are_named(tmp_path):
         with pytest.raises(ConfigError, match=match):
             fn(entry, tmp_path)
     assert not list(tmp_path.iterdir())     # nothing written for a refused stage
+
+
+def test_sigterm_discards_the_persisted_snapshots(tmp_path):
+    """A run killed with SIGTERM while it holds failure snapshots exits 143 and leaves none in the
+    sandbox state folder (experiments/main.py turns SIGTERM into SystemExit: `finally` blocks run)."""
+    import signal
+    import time
+
+    state = tmp_path / "sandbox-state"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "TR_GYM_DIR": str(tmp_path / "gym"),
+           "TR_SANDBOX_STATE_DIR": str(state)}
+    proc = subprocess.Popen([sys.executable, "experiments/main.py",
+                             "--config=experiments/reterm.py:quick", f"--workdir={tmp_path / 'run'}"],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 900
+        while not list(state.glob("snapshots/*")):
+            assert proc.poll() is None, f"the run ended before it held a snapshot: {proc.stderr.read()[-2000:]}"
+            assert time.monotonic() < deadline, "no snapshot was persisted within 900 s"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert not list(state.glob("snapshots/*"))

@@ -184,6 +184,20 @@ def discard_snapshot_ref(ref: dict | None) -> None:
         discard_snapshot(snapshot_from_ref(ref))
 
 
+def _discard_unreturned(futures: Sequence[Future], discarded: Sequence[EpisodeRecord]) -> None:
+    """Discard the snapshots of every finished episode among `futures` but those in `discarded`:
+    `run_rollouts` is leaving by an exception, so no caller will ever release them."""
+    done_ids = {id(rec) for rec in discarded}
+    for f in futures:
+        if f.done() and not f.cancelled() and f.exception() is None:
+            rec = f.result()
+            if rec is not None and id(rec) not in done_ids:
+                try:
+                    discard_snapshot_ref(rec.snapshot_ref)
+                except Exception:  # noqa: BLE001 - the exception leaving run_rollouts matters more
+                    pass
+
+
 # ----------------------------------------------------------------------------------------------
 # Specs.
 
@@ -343,8 +357,11 @@ def run_rollouts(
     not_started = 0
     counted = 0
     pool = ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="episode")
+    submitted: list[Future] = []
+    returned = False
     try:
-        futures: set[Future] = {pool.submit(one, s) for s in specs}
+        submitted = [pool.submit(one, s) for s in specs]
+        futures: set[Future] = set(submitted)
         while futures:
             done, futures = wait(futures, return_when=FIRST_COMPLETED)
             for f in done:
@@ -364,10 +381,13 @@ def run_rollouts(
                 if keep_first is not None and counted >= keep_first and not cancel.is_set():
                     cancel.set()
                     batcher.cancel()
+        returned = True
     finally:
         cancel.set()
         batcher.cancel()
         pool.shutdown(wait=True, cancel_futures=True)
+        if not returned:   # an exception (SIGTERM's SystemExit too): no caller will own these
+            _discard_unreturned(submitted, cancelled)
         batcher.close()
         progress.finish()
         if own_env:
