@@ -129,13 +129,13 @@ TAMPERS = {
 }
 
 
-@pytest.mark.parametrize("beside", [False, True], ids=["after-agent", "beside-agent"])
+@pytest.mark.parametrize("backend, beside", [("local", False), ("docker", False), ("docker", True)],
+                         ids=["local-after-agent", "docker-after-agent", "docker-beside-agent"],
+                         indirect=["backend"])
 @pytest.mark.parametrize("tamper", sorted(TAMPERS))
 def test_tampering_does_not_change_the_verdict(box, tests_dir, tmp_path, tamper, beside):
-    """Also beside the agent's live processes (Docker's network sibling): the same attacks, and
-    the agent's processes alive meanwhile."""
-    if beside and box.backend == "local":
-        pytest.skip("the local backend has no network sibling")
+    """Also beside the agent's live processes (Docker's network sibling; the local backend has
+    none and refuses `beside_agent`): the same attacks, and the agent's processes alive meanwhile."""
     box.run("echo 41 > /app/answer.txt")
     box.run(TAMPERS[tamper], timeout_s=30)
     result = protected.run_verifier(box, tests_dir, COMMAND, timeout_s=60,
@@ -313,12 +313,11 @@ def test_tests_beside_the_agent_reach_its_server_and_nothing_else(backend, tmp_p
         assert _outcomes(tmp_path / "again" / "junit.xml")["test_server_answers"] == "failed"
 
 
+@pytest.mark.parametrize("backend", ["docker"], indirect=True)   # local refuses beside_agent
 def test_beside_the_agent_a_process_that_answers_later_does_not_count(backend, tmp_path):
     """A process the agent leaves to write the answer once the verifier has started (it polls for
     the sibling's connection) writes into the agent's files, not the snapshot the tests read;
     an answer already there at the snapshot does count (the agent's files as its turn ended)."""
-    if backend == "local":
-        pytest.skip("the local backend refuses beside_agent (see the test above)")
     tests = tmp_path / "tests"
     tests.mkdir()
     (tests / "test_answer.py").write_text(textwrap.dedent("""\
