@@ -104,6 +104,10 @@ def get_config(variant: str = "default"):
     actor_lr = 3e-5
     config.stage_defaults = ml_collections.ConfigDict({
         "model": {"name": "", "overrides": {}},   # "" = the actor parent's (Base: the embedded gym model)
+        # A fresh critic (the warm-up's; each RPR phase's in the ablation's `reset` arms) starts from
+        # its actor parent's weights with a zero value head: from random weights its EV stayed
+        # ~0.005 after 32 warm-up updates (1 Dec).
+        "critic_init": "actor",
         "tasks": {"source": "gym", "count": 0, "seed": 0},
         "rollout": {"concurrency": 16, "tasks_per_iteration": 16, "group_size": 2,
                     "oversample": 0, "max_output_tokens": 64, "max_turns": 5},

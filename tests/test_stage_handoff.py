@@ -111,3 +111,38 @@ def test_pipeline_child_runs_with_the_bpe_parent_tokenizer_and_prompt(tmp_path):
         flat = ",".join(map(str, tokens))
         assert ",".join(map(str, prompt_ids)) in flat
     assert json.loads((tmp_path / "warmup" / "eval-val.json").read_text())["episodes"] == 1
+
+
+def test_a_fresh_critic_can_start_from_the_actor_parent(tmp_path):
+    """`critic_init: actor`: the fresh critic's backbone is the actor parent's retained weights and
+    its value head is zero; `random` keeps an initialised backbone; anything else is named."""
+    import jax
+    import numpy as np
+
+    from tr.stages import handoff, pipeline
+
+    pipeline.run(ml_collections.ConfigDict({
+        "job": "pipeline", "stage_defaults": {},
+        "stages": [{"name": "base", "kind": "init", "model": {"name": "gym", "overrides": SMALL},
+                    "tokenizer": embedded.TOKENIZER}]}), tmp_path)
+    states = {}
+    for init in ("random", "actor"):
+        config = common.resolve_stage_config({"name": f"critic_{init}", "kind": "warmup",
+                                              "actor_from": "base", "critic_from": "fresh",
+                                              "critic_init": init})
+        opened = handoff.open_stage(config, tmp_path, kind="warmup", actor_trains=False,
+                                    critic_trains=True)
+        states[init] = opened.state
+        opened.store.close()
+
+    def equal(a, b):
+        return all(jax.tree.leaves(jax.tree.map(lambda x, y: bool(np.array_equal(x, y)), a, b)))
+
+    from_actor = states["actor"].critic_params
+    assert equal(from_actor["backbone"], states["actor"].actor_params)
+    assert not np.asarray(from_actor["value_head"]).any() and float(from_actor["value_bias"]) == 0.0
+    assert not equal(states["random"].critic_params["backbone"], states["random"].actor_params)
+    bad = common.resolve_stage_config({"name": "critic_bad", "kind": "warmup", "actor_from": "base",
+                                       "critic_from": "fresh", "critic_init": "reward_model"})
+    with pytest.raises(ConfigError, match="critic_init='reward_model'"):
+        handoff.open_stage(bad, tmp_path, kind="warmup", actor_trains=False, critic_trains=True)

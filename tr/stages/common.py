@@ -44,6 +44,9 @@ def stage_defaults() -> ml_collections.ConfigDict:
         "kind": "",
         "actor_from": "",          # stage name (its retained step), "" = none
         "critic_from": "",         # stage name, "fresh", "" = none
+        # A fresh critic's backbone: "random" (initialised) or "actor" (the actor parent's
+        # retained weights, the value head zero: the usual start of an LLM critic)
+        "critic_init": "random",
         "seed": 0,
         # "" = from the actor parent's manifest (`inherit_from_parent`), else the fallback below
         "model": {"name": "", "overrides": {}},   # fallback "tiny"

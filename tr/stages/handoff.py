@@ -55,6 +55,19 @@ def parent_ref(run_dir, stage: str) -> ckpt.StageRef:
     return ckpt.StageRef(stage, step)
 
 
+def critic_from_actor(critic_params: dict, run_dir, ref: ckpt.StageRef, actor_target) -> dict:
+    """`critic_params` with its backbone replaced by the actor weights `ref` names (value head,
+    bias and start value kept: zero).  The critic's backbone is the decoder without its output
+    projection, the same tree as a tied-embedding actor's parameters."""
+    with ckpt.StageStore(run_dir, ref.stage, read_only=True) as store:
+        step = store._resolve_step(ref.step)  # pylint: disable=protected-access
+        actor = store.restore_item("actor_params", actor_target, step)
+    if jax.tree.structure(actor) != jax.tree.structure(critic_params["backbone"]):
+        raise ConfigError(f"critic_init='actor': stage {ref.stage!r}'s actor parameters are not the "
+                          "critic backbone's tree (an untied output projection?)")
+    return {**critic_params, "backbone": actor}
+
+
 def open_stage(config, run_dir, *, kind: str, actor_trains: bool, critic_trains: bool,
                critic_frozen: bool = False) -> OpenStage:
     """Models, compiled steps, and the stage's state (resumed, or handed off from its parents).
@@ -74,8 +87,14 @@ def open_stage(config, run_dir, *, kind: str, actor_trains: bool, critic_trains:
                           "(a stage name or 'fresh')")
     actor = ckpt.Side(parent_ref(run_dir, config.actor_from), actor_opt)
     if config.critic_from == ckpt.FRESH:
-        critic = ckpt.Side(ckpt.FRESH, critic_opt, fresh_params=models.fns.critic_params,
-                           frozen_hash=critic_frozen)
+        fresh = models.fns.critic_params
+        init_from = config.get("critic_init", "random")
+        if init_from == "actor":
+            fresh = critic_from_actor(fresh, run_dir, actor.source, models.fns.actor_params)
+        elif init_from != "random":
+            raise ConfigError(f"stage {config.name!r}: critic_init={init_from!r}; choose 'random' "
+                              "or 'actor'")
+        critic = ckpt.Side(ckpt.FRESH, critic_opt, fresh_params=fresh, frozen_hash=critic_frozen)
     elif config.critic_from:
         critic = ckpt.Side(parent_ref(run_dir, config.critic_from), critic_opt,
                            frozen_hash=critic_frozen)
@@ -93,7 +112,6 @@ def open_stage(config, run_dir, *, kind: str, actor_trains: bool, critic_trains:
                         critic_values=models.fns.critic_values if has_critic else None)
     return OpenStage(models, steps, state, store, pathlib.Path(run_dir) / config.name)
 
-
 def finish_stage(opened: OpenStage, state: TrainState, summary: dict) -> dict:
     """Final save, manifest `finished_step`, and `summary.json` (with `retained_step`)."""
     manifest = opened.store.finish(state)
@@ -108,7 +126,6 @@ def finish_stage(opened: OpenStage, state: TrainState, summary: dict) -> dict:
     tmp.replace(path)
     opened.store.close()
     return summary
-
 
 def init_base(stage_config, run_dir, **_) -> dict:
     """Stage kind `init`: freshly initialised actor and critic of the configured size, as a finished
