@@ -309,8 +309,8 @@ def table(summary: dict) -> str:
 VARIANTS = ("default", "fast", "quick", "smoke")
 # About half the default's cost (half the demos, 2/3 of the updates, 3 val evaluations, 32 test
 # tasks): a Base for pipelines whose whole budget is a few minutes (Terminal-RSI's main job).
-FAST = {"demos.tasks": 672, "sft.steps": 80, "sft.warmup": 16, "sft.eval_start": 40,
-        "sft.eval_every": 20, "eval.test_count": 32}
+FAST = {"demos.tasks": 672, "sft.steps": 120, "sft.warmup": 16, "sft.eval_start": 80,
+        "sft.eval_every": 40, "eval.test_count": 32}
 QUICK = {"demos.tasks": 24, "copy.steps": 4, "copy.batch": 4, "copy.prev_rows": 1, "sft.steps": 6, "sft.eval_start": 3, "sft.eval_every": 3, "sft.batch": 4,
          "eval.val_count": 8, "eval.test_count": 8, "eval.max_turns": 2,
          "eval.max_output_tokens": 32}
@@ -608,8 +608,8 @@ def run(config, workdir: pathlib.Path) -> dict:
 KIND = "base"
 # Fields of the pipeline's shared `stage_defaults` (tr.stages.common.stage_defaults) that a Base
 # stage has no use for: ignored when they reach it through the merge, not an error.
-_SHARED_IGNORED = ("tasks", "train", "rollout", "arrays", "checkpoint", "eval.every", "eval.k",
-                   "eval.count", "eval.at_start")
+_SHARED_IGNORED = ("tasks", "critic_init", "train", "rollout", "arrays", "checkpoint", "eval.every",
+                   "eval.k", "eval.count", "eval.at_start")
 
 
 def stage_config(entry) -> "ml_collections.ConfigDict":
