@@ -197,9 +197,9 @@ def main() -> None:
                            prefill_tokens=d["prefill_tokens"], reused_tokens=d["reused_tokens"])
                 # Right after the run, the static batch: its ratio to this run is this repeat's.
                 dyn_cpu = sampler._decode_fn.cpu_s - cpu0
-                tok, sec, cpu = static_decode(sampler, args, static_context)
-                out.update(static_tok_s=tok / sec, vs_static=out["tokens"] / out["decode_s"] / (tok / sec),
-                           vs_static_cpu=out["tokens"] / dyn_cpu / (tok / cpu))
+                n, sec, cpu = static_decode(sampler, args, static_context)
+                out.update(static_tok_s=n / sec, vs_static=out["tokens"] / out["decode_s"] / (n / sec),
+                           vs_static_cpu=out["tokens"] / dyn_cpu / (n / cpu))
             else:
                 out.update(prefill_s=sampler._prefill.seconds - s0["prefill_s"],
                            decode_s=sampler._decode.seconds - s0["decode_s"])
