@@ -16,7 +16,12 @@ Each engine first runs the whole workload once (compiles), then `--repeats` time
 
 Reported: episodes/s, generated tokens/s, the time share of prefill / decode / waiting (no request
 to work on: every episode in its sandbox), and the decode rate with slots joining and leaving vs a
-static batch of the same size (all slots busy from start to end, same engine, prompts of the workload's mean request length).
+static batch of the same size (all slots admitted together and busy from start to end, same engine,
+prompts of the workload's mean request length). The static batch runs right after each timed repeat
+of the episode engine and the ratio is taken per repeat (median reported), so load drift on a shared
+machine hits both sides of a ratio alike; the same ratio in decoded tokens per process CPU second
+(all threads, time spent inside the compiled decode calls) is printed beside it, as it barely moves
+with load.
 
 Run:  .venv/bin/python bench/bench_sampling.py [--episodes 32 --turns 8 --obs 200 --slots 32]
 """
@@ -47,15 +52,16 @@ from tr.sampling.slots import EpisodeSampler  # noqa: E402
 
 
 class Timed:
-    """Wraps a compiled function: seconds spent in it (results awaited)."""
+    """Wraps a compiled function: wall and process CPU seconds spent in it (results awaited)."""
 
     def __init__(self, fn):
-        self.fn, self.seconds = fn, 0.0
+        self.fn, self.seconds, self.cpu_s = fn, 0.0, 0.0
 
     def __call__(self, *a, **kw):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = jax.block_until_ready(self.fn(*a, **kw))
         self.seconds += time.perf_counter() - t0
+        self.cpu_s += time.process_time() - c0
         return out
 
 
@@ -104,19 +110,26 @@ def mean_context(args) -> int:
     return int(round(statistics.mean(lengths)))
 
 
-def static_decode_rate(sampler: EpisodeSampler, args, context: int) -> float:
-    """Decode tokens/s of a static batch: `slots` requests admitted together, all `max_new` long,
-    prompts of `context` tokens (the workload's mean: decode reads each row's cached slots, so the
-    static batch sits at the same lengths as the episodes' requests)."""
+def decode_totals(sampler: EpisodeSampler) -> tuple[int, float, float]:
+    """Generated tokens, decode wall seconds, decode process CPU seconds, so far."""
+    return sampler.stats.generated_tokens, sampler.stats.decode_s, sampler._decode_fn.cpu_s
+
+
+def static_decode(sampler: EpisodeSampler, args, context: int) -> tuple[int, float, float]:
+    """A static batch: `slots` requests admitted together (queued under the engine's lock, so one
+    admission takes them all), all `max_new` long, prompts of `context` tokens (the workload's mean:
+    decode reads each row's cached slots, so the static batch sits at the same lengths as the
+    episodes' requests). Returns its `decode_totals` deltas."""
     rng = np.random.default_rng(1)
     from tr.sampling.sampler import SamplingParams
 
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new, seed=3)
-    before_s, before_tok = sampler.stats.decode_s, sampler.stats.generated_tokens
-    futures = [sampler.submit(rng.integers(0, 256, context).tolist(), params) for _ in range(sampler.slots)]
+    before = decode_totals(sampler)
+    with sampler._cv:
+        futures = [sampler.submit(rng.integers(0, 256, context).tolist(), params) for _ in range(sampler.slots)]
     for f in futures:
         f.result()
-    return (sampler.stats.generated_tokens - before_tok) / (sampler.stats.decode_s - before_s)
+    return tuple(a - b for a, b in zip(decode_totals(sampler), before))
 
 
 def main() -> None:
@@ -157,6 +170,7 @@ def main() -> None:
                                      attention_block=args.attention_block, prefill_chunk=args.prefill_chunk)
             t0 = time.perf_counter()
             sampler.precompile(capacity=longest)  # every row bucket: no compile inside a timed run
+            sampler._decode_fn = Timed(sampler._decode_fn)  # for its CPU seconds
             print(f"  episode precompile: {time.perf_counter() - t0:.0f}s {dict(sampler.compile_counts)}", flush=True)
         else:
             sampler = JaxSampler(model, tok, min_prompt_bucket=256, min_new_bucket=args.max_new,
@@ -167,9 +181,10 @@ def main() -> None:
         run(policy, args, seed=100)  # warm-up: every bucket compiles
         warm_s = time.perf_counter() - t0
         results = []
+        static_context = mean_context(args)
         for r in range(args.repeats):
             if engine == "episode":
-                s0 = dict(vars(sampler.stats))
+                s0, cpu0 = dict(vars(sampler.stats)), sampler._decode_fn.cpu_s
             else:
                 s0 = {"prefill_s": sampler._prefill.seconds, "decode_s": sampler._decode.seconds}
             c0 = dict(sampler.compile_counts)
@@ -180,6 +195,11 @@ def main() -> None:
                 out.update(prefill_s=d["prefill_s"], decode_s=d["decode_s"],
                            occupancy=d["generated_tokens"] / max(d["decode_row_steps"], 1),
                            prefill_tokens=d["prefill_tokens"], reused_tokens=d["reused_tokens"])
+                # Right after the run, the static batch: its ratio to this run is this repeat's.
+                dyn_cpu = sampler._decode_fn.cpu_s - cpu0
+                n, sec, cpu = static_decode(sampler, args, static_context)
+                out.update(static_tok_s=n / sec, vs_static=out["tokens"] / out["decode_s"] / (n / sec),
+                           vs_static_cpu=out["tokens"] / dyn_cpu / (n / cpu))
             else:
                 out.update(prefill_s=sampler._prefill.seconds - s0["prefill_s"],
                            decode_s=sampler._decode.seconds - s0["decode_s"])
@@ -188,8 +208,8 @@ def main() -> None:
         best = {k: statistics.median(o[k] for o in results) for k in results[0]}
         best["warm_s"] = warm_s
         if engine == "episode":
-            best["static_context"] = mean_context(args)
-            best["static_decode_tok_s"] = static_decode_rate(sampler, args, best["static_context"])
+            best["static_context"] = static_context
+            best["ratios"] = [(o["vs_static"], o["vs_static_cpu"]) for o in results]
             best["compiles"] = dict(sampler.compile_counts)
             best["capacity"] = sampler.capacity
             sampler.close()
@@ -210,8 +230,12 @@ def main() -> None:
         dyn = e["tokens"] / e["decode_s"]
         print(f"episode engine: slot occupancy while decoding {e['occupancy']:.0%}; decode tok/s with slots "
               f"joining/leaving {dyn:,.0f} vs static batch of {slots} at {e['static_context']}-token contexts "
-              f"{e['static_decode_tok_s']:,.0f} ({dyn / e['static_decode_tok_s']:.0%}); prefilled "
-              f"{e['prefill_tokens']:,} tokens, reused {e['reused_tokens']:,} from cache; compiles {e['compiles']}")
+              f"{e['static_tok_s']:,.0f} (medians); prefilled {e['prefill_tokens']:,} tokens, reused "
+              f"{e['reused_tokens']:,} from cache; compiles {e['compiles']}")
+        print(f"decode with slots joining/leaving vs static batch, per repeat (static run right after): "
+              f"wall tok/s {', '.join(f'{w:.0%}' for w, _ in e['ratios'])} -> median {e['vs_static']:.0%}; "
+              f"tok per process CPU s {', '.join(f'{c:.0%}' for _, c in e['ratios'])} -> median "
+              f"{e['vs_static_cpu']:.0%}")
     print(f"total bench wall time {time.perf_counter() - t_start:.0f}s; load average (1/5/15 min) "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 

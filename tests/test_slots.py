@@ -137,6 +137,29 @@ def test_slots_refill_while_a_long_request_decodes(sampler):
     sampler.end_episode("long")
 
 
+def test_a_queued_request_takes_the_first_freed_slot(sampler):
+    """Every row busy (two long, one short) and a request queued: it takes the short one's row as
+    soon as that finishes (the decode call returns early instead of running its `decode_steps`),
+    so it is done within one more call and before either long one; weight sync is refused meanwhile."""
+    greedy = lambda n: SamplingParams(temperature=0.0, max_new_tokens=n)  # noqa: E731
+    order, steps0 = [], sampler.stats.decode_row_steps
+    steps_at = {}  # decode steps run when each request was done (callbacks run in the engine thread)
+    with sampler._cv:  # the engine admits nothing until all four are queued
+        futs = {name: sampler.submit([1, 2 + i], greedy(n), episode_id=name)
+                for i, (name, n) in enumerate((("long0", 32), ("long1", 32), ("short", 2), ("queued", 3)))}
+        for name, f in futs.items():
+            f.add_done_callback(lambda _, name=name: (order.append(name), steps_at.setdefault(
+                name, (sampler.stats.decode_row_steps - steps0) // sampler.slots)))
+        with pytest.raises(RuntimeError, match="in flight"):
+            sampler.update_weights(sampler.state)
+    assert [len(f.result(timeout=900).token_ids) for f in futs.values()] == [32, 32, 2, 3]  # may compile
+    assert order.index("queued") < min(order.index("long0"), order.index("long1")), order
+    assert steps_at["short"] == 2 and steps_at["queued"] <= 2 + sampler.decode_steps, steps_at  # 3 <= 4 tokens
+    for name in futs:
+        sampler.end_episode(name)
+    assert sampler.cached_episodes() == {}
+
+
 def test_end_episode_cancels_and_frees(sampler):
     slow = SamplingParams(temperature=0.0, max_new_tokens=32)
     running = [sampler.submit([1, 2 + i], slow, episode_id=f"r{i}") for i in range(3)]  # every row busy
