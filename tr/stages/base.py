@@ -311,13 +311,13 @@ VARIANTS = ("default", "fast", "quick", "smoke")
 # tasks): a Base for pipelines whose whole budget is a few minutes (Terminal-RSI's main job).
 FAST = {"demos.tasks": 672, "sft.steps": 120, "sft.warmup": 16, "sft.eval_start": 80,
         "sft.eval_every": 40, "eval.test_count": 32}
-QUICK = {"demos.tasks": 24, "copy.steps": 4, "copy.batch": 4, "copy.prev_rows": 1, "sft.steps": 6, "sft.eval_start": 3, "sft.eval_every": 3, "sft.batch": 4,
-         "eval.val_count": 8, "eval.test_count": 8, "eval.max_turns": 2,
-         "eval.max_output_tokens": 32}
+QUICK = {"demos.tasks": 24, "copy.steps": 4, "copy.batch": 4, "copy.prev_rows": 1, "sft.steps": 6,
+         "sft.eval_start": 3, "sft.eval_every": 3, "sft.batch": 4, "eval.val_count": 8,
+         "eval.test_count": 8, "eval.max_turns": 2, "eval.max_output_tokens": 32}
 # Smaller still than `quick` (one eval of two tasks, one turn): the pod form's local smoke run and
 # the stage kind's test.
-SMOKE = {**QUICK, "demos.tasks": 8, "copy.steps": 0, "sft.steps": 2, "sft.eval_start": 2, "sft.eval_every": 2,
-         "sft.batch": 2, "eval.val_count": 2, "eval.test_count": 2, "eval.max_turns": 1,
+SMOKE = {**QUICK, "demos.tasks": 8, "copy.steps": 0, "sft.steps": 2, "sft.eval_start": 2,
+         "sft.eval_every": 2, "sft.batch": 2, "eval.val_count": 2, "eval.test_count": 2, "eval.max_turns": 1,
          "eval.max_output_tokens": 16}
 SECTIONS = ("demos", "copy", "sft", "eval", "select")
 
@@ -544,7 +544,8 @@ def train(config, run_dir: pathlib.Path, out_dir: pathlib.Path) -> dict:
                     "tokenizer": embedded.pin_tokenizer(config.tokenizer),
                     "system_prompt": config.system_prompt,
                     "seed": config.seed,
-                    "selected_step": chosen["step"], "steps": config.sft.steps}
+                    "selected_step": chosen["step"], "steps": config.sft.steps,
+                    "copy": config.copy.to_dict()}
     wall = time.monotonic() - t_start
     result = {
         "stage": config.stage, "seed": config.seed, "selected_step": chosen["step"],
