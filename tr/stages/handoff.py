@@ -112,6 +112,7 @@ def open_stage(config, run_dir, *, kind: str, actor_trains: bool, critic_trains:
                         critic_values=models.fns.critic_values if has_critic else None)
     return OpenStage(models, steps, state, store, pathlib.Path(run_dir) / config.name)
 
+
 def finish_stage(opened: OpenStage, state: TrainState, summary: dict) -> dict:
     """Final save, manifest `finished_step`, and `summary.json` (with `retained_step`)."""
     manifest = opened.store.finish(state)
