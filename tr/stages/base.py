@@ -420,22 +420,28 @@ def _check(config) -> None:
 # Training, selection, report
 
 
-def copy_warmup(config, train_cfg, fns, tokenizer, t_start: float):
-    """`config.copy.steps` SFT updates on `copy_batches` with their own AdamW (lr
-    `config.copy.learning_rate`, warm-up then cosine to a tenth); returns (actor params, stats)."""
-    import copy as copy_lib
-
+def sft_stepper(fns, actor_params, *, learning_rate: float, warmup: int, steps: int, seed: int):
+    """(compiled SFT update, train state) for `steps` updates of `actor_params` with a fresh AdamW:
+    lr warms up for `warmup` updates, then cosine to a tenth at `steps`."""
     from tr.train import steps as steps_lib
     from tr.train.state import create_train_state
 
+    train_cfg = steps_lib.default_config()
+    opt = train_cfg.actor.optimizer
+    opt.learning_rate, opt.schedule, opt.warmup_steps = learning_rate, "warmup_cosine", warmup
+    opt.decay_steps, opt.end_learning_rate_factor = steps, 0.1
+    step = steps_lib.build_steps(train_cfg, actor_logprobs=fns.actor_logprobs).sft
+    state = create_train_state(actor_params=actor_params,
+                               actor_optimizer=steps_lib.make_optimizer(opt), seed=seed)
+    return step, state
+
+
+def copy_warmup(config, fns, tokenizer, t_start: float):
+    """`config.copy.steps` SFT updates on `copy_batches` with their own AdamW (lr
+    `config.copy.learning_rate`, warm-up then cosine to a tenth); returns (actor params, stats)."""
     c = config.copy
-    cfg = copy_lib.deepcopy(train_cfg)
-    opt = cfg.actor.optimizer
-    opt.learning_rate, opt.schedule, opt.warmup_steps = c.learning_rate, "warmup_cosine", min(20, c.steps)
-    opt.decay_steps, opt.end_learning_rate_factor = c.steps, 0.1
-    step = steps_lib.build_steps(cfg, actor_logprobs=fns.actor_logprobs).sft
-    state = create_train_state(actor_params=fns.actor_params,
-                               actor_optimizer=steps_lib.make_optimizer(opt), seed=config.seed)
+    step, state = sft_stepper(fns, fns.actor_params, learning_rate=c.learning_rate,
+                              warmup=min(20, c.steps), steps=c.steps, seed=config.seed)
     data = copy_batches(ordinary_ids(tokenizer), batch=c.batch, length=c.length, span=tuple(c.span),
                         prev_rows=c.prev_rows, seed=config.seed)
     t0, losses = time.monotonic(), []
@@ -463,7 +469,6 @@ def train(config, run_dir: pathlib.Path, out_dir: pathlib.Path) -> dict:
     from tr.models.decoder import Decoder
     from tr.train import steps as steps_lib
     from tr.train.checkpoint import StageStore
-    from tr.train.state import create_train_state
 
     _check(config)
     t_start = time.monotonic()
@@ -486,18 +491,11 @@ def train(config, run_dir: pathlib.Path, out_dir: pathlib.Path) -> dict:
 
     model = Decoder(model_cfg, rngs=nnx.Rngs(config.seed))
     fns = steps_lib.nnx_model_fns(model)
-    train_cfg = steps_lib.default_config()
     actor_params, copy_stats = fns.actor_params, {"steps": 0}
     if config.copy.steps:
-        actor_params, copy_stats = copy_warmup(config, train_cfg, fns, tokenizer, t_start)
-    opt = train_cfg.actor.optimizer
-    opt.learning_rate = config.sft.learning_rate
-    opt.schedule, opt.warmup_steps = "warmup_cosine", config.sft.warmup
-    opt.decay_steps = config.sft.steps
-    opt.end_learning_rate_factor = 0.1
-    sft = steps_lib.build_steps(train_cfg, actor_logprobs=fns.actor_logprobs).sft
-    state = create_train_state(actor_params=actor_params,
-                               actor_optimizer=steps_lib.make_optimizer(opt), seed=config.seed)
+        actor_params, copy_stats = copy_warmup(config, fns, tokenizer, t_start)
+    sft, state = sft_stepper(fns, actor_params, learning_rate=config.sft.learning_rate,
+                             warmup=config.sft.warmup, steps=config.sft.steps, seed=config.seed)
     data = batches(seqs, batch=config.sft.batch, length=config.sft.length,
                    pad_id=tokenizer.pad_id, seed=config.seed)
     data = with_copy_rows(data, rows=int(config.copy.rows) if config.copy.steps else 0,
