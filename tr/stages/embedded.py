@@ -13,6 +13,11 @@ manifest (`from_manifest`).
   smallest buckets and each action is a few dozen sampled tokens.
   `python -m tr.stages.embedded tokenizer` rebuilds the file (deterministic).
 * system prompt: the harness's one action format, in one sentence.
+* initial weights: `gym_init.safetensors` next to this file, the `gym` model after 300 updates of
+  in-context copying on random tokens (`tr.stages.base.copy_warmup`: a previous-token head, then
+  an induction head; no gym text).  Like a pretrained checkpoint it is made once, offline
+  (`python -m tr.stages.embedded pretrain`, ~2 min on 2 cores), and every Base starts from it, so
+  the Base's budget is spent on the demos; a stage records the file's sha256 (`init_digest`).
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ TOKENIZER_VOCAB = 1024
 WORDS_TOKENIZER_FILE = TOKENIZER_FILE.with_name("gym_tokenizer_words.json")
 WORDS_TOKENIZER = "tr/stages/gym_tokenizer_words.json"
 _WORDS_PATTERN = r"[A-Za-z]+|[0-9]|\s|[^\sA-Za-z0-9]+"
+INIT_FILE = TOKENIZER_FILE.with_name("gym_init.safetensors")
+INIT = "tr/stages/gym_init.safetensors"             # as recorded in configs (repo-relative)
+INIT_COPY_STEPS = 300                               # copy updates in the shipped init
 SYSTEM_PROMPT = ("Shell agent in /app. Reply THOUGHT: <short> then COMMAND: and one ```bash "
                  "block, or THOUGHT: <short> then DONE when finished.")
 ACT_THOUGHT = "Next step."
@@ -44,7 +52,8 @@ def manifest_config() -> dict:
     return {"model": MODEL, "tokenizer": TOKENIZER, "system_prompt": SYSTEM_PROMPT}
 
 
-def _repo_path(spec: str) -> Path:
+def repo_path(spec: str) -> Path:
+    """`spec` as a path; a relative one is taken from the repository root."""
     path = Path(spec)
     return path if path.is_absolute() else Path(__file__).resolve().parents[2] / path
 
@@ -53,7 +62,7 @@ def load_tokenizer(spec: str = TOKENIZER):
     """The tokenizer a manifest names: 'byte' or a tokenizer.json path (repo-relative allowed)."""
     from tr.models.tokenizer import load_tokenizer as load
 
-    return load(spec if spec in ("", "byte") else str(_repo_path(spec)))
+    return load(spec if spec in ("", "byte") else str(repo_path(spec)))
 
 
 def pin_tokenizer(spec: str) -> str:
@@ -63,7 +72,7 @@ def pin_tokenizer(spec: str) -> str:
 
     if spec in ("", "byte") or PIN in spec:
         return spec
-    return pin(spec, _repo_path(spec))
+    return pin(spec, repo_path(spec))
 
 
 def model_config(name: str = MODEL, **overrides):
@@ -81,6 +90,74 @@ def from_manifest(manifest: dict):
                              "cannot rebuild its model")
     return (model_config(config["model"]), load_tokenizer(config["tokenizer"]),
             config.get("system_prompt", SYSTEM_PROMPT))
+
+
+def file_digest(spec: str) -> str:
+    """sha256 of the file `spec` names (repo-relative allowed); of a folder, over its
+    `*.safetensors` files' names and bytes in name order (an HF checkpoint folder)."""
+    import hashlib
+
+    path = repo_path(spec)
+    if path.is_file():
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = hashlib.sha256()
+    for file in sorted(path.glob("*.safetensors")):
+        digest.update(file.name.encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()
+
+
+def load_init(model, spec: str):
+    """`model` (in place) with the weights of the safetensors file or HF folder `spec`
+    (repo-relative allowed);
+    "" leaves its random initialisation.  A missing or mismatched file is one error naming it."""
+    from tr.models.weights import load_safetensors
+
+    if not spec:
+        return model
+    path = repo_path(spec)
+    if not path.exists():
+        raise ValueError(f"config.init {spec!r}: no file or folder {path} (`python -m tr.stages.embedded "
+                         "pretrain` writes the embedded one; '' starts from a random init)")
+    try:
+        return load_safetensors(model, path)
+    except ValueError as e:
+        raise ValueError(f"config.init {spec!r} does not fit model {model.config.name!r}: {e}") from e
+
+
+def save_params(model, params, path: Path) -> Path:
+    """Write `params` (a pure dict of `model`'s parameters) as one HF-named safetensors file."""
+    from flax import nnx
+    from safetensors.numpy import save_file
+
+    from tr.models.weights import export_state_dict
+
+    state = nnx.state(model, nnx.Param)
+    nnx.replace_by_pure_dict(state, params)
+    nnx.update(model, state)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(export_state_dict(model), str(path), metadata={"format": "pt"})
+    return path
+
+
+def pretrain(path: Path = INIT_FILE, *, steps: int = INIT_COPY_STEPS, seed: int = 0) -> dict:
+    """The shipped initial weights: the `gym` model from a random init (`seed`), `steps` copy
+    updates (`tr.stages.base.copy_warmup` with the Base's `copy` settings), written to `path`.
+    Returns the warm-up's stats with the file's sha256."""
+    import time
+
+    from flax import nnx
+
+    from tr.models.decoder import Decoder
+    from tr.stages import base
+    from tr.train import steps as steps_lib
+
+    config = base.defaults()
+    config.seed, config.copy.steps = seed, steps
+    model = Decoder(model_config(config.model), rngs=nnx.Rngs(seed))
+    fns = steps_lib.nnx_model_fns(model)
+    params, stats = base.copy_warmup(config, fns, load_tokenizer(config.tokenizer), time.monotonic())
+    save_params(model, params, Path(path))
+    return {**stats, "path": str(path), "sha256": file_digest(str(path))}
 
 
 # ---------------------------------------------------------------- the tokenizer's training text
@@ -157,11 +234,19 @@ def measure(n_per_family: int = 20) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tr.stages.embedded")
-    parser.add_argument("command", choices=("tokenizer", "measure"))
+    parser = argparse.ArgumentParser(prog="python -m tr.stages.embedded",
+                                     description="rebuild the shipped tokenizer or initial weights; "
+                                     "measure tokens per episode")
+    parser.add_argument("command", choices=("tokenizer", "measure", "pretrain"))
+    parser.add_argument("--out", default=str(INIT_FILE), help="pretrain: the file to write")
+    parser.add_argument("--steps", type=int, default=INIT_COPY_STEPS, help="pretrain: copy updates")
     args = parser.parse_args(argv)
     if args.command == "tokenizer":
         print(f"wrote {train_tokenizer()}")
+    elif args.command == "pretrain":
+        stats = pretrain(Path(args.out), steps=args.steps)
+        print(f"wrote {stats['path']} (sha256 {stats['sha256']}): {stats['steps']} copy updates, "
+              f"loss {stats['loss']:.3f}, {stats['wall_s']:.0f}s")
     else:
         for name, row in measure().items():
             print(f"{name:5} vocab {row['vocab']:5}  prompt {row['prompt_tokens']:6.1f}  "
