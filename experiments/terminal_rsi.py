@@ -48,10 +48,10 @@ SMOKE_FLAGS = ("--config.validate_only=True",)
 
 def _base_entry(variant: str) -> dict:
     """Stage `base`: the base_policy config's sections (demos, sft, eval, select)."""
-    if variant == "quick":        # tr.stages.base.QUICK: 4 copy warm-up updates, 6 demo updates
+    if variant == "quick":        # tr.stages.base.QUICK: the shipped init, 6 demo updates
         return {"name": "base", "kind": "base", "variant": "quick"}
-    if variant == "paper":
-        return {"name": "base", "kind": "base"}
+    if variant == "paper":        # the pod model: no embedded init (an HF folder may be named)
+        return {"name": "base", "kind": "base", "init": ""}
     # The base_policy defaults (tr/stages/base.py); the report evaluates `test` for every stage,
     # so the Base stage's own test table is small.
     return {"name": "base", "kind": "base", "eval": {"test_count": 8}}

@@ -83,7 +83,6 @@ def test_quick_variant_writes_base_json_and_an_actor_stage(tmp_path):
                            "--config=experiments/base_policy.py:quick", f"--workdir={work}"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "copy warm-up: 4 steps" in proc.stdout
     result = json.loads((work / "base.json").read_text())
     assert 0.0 <= result["val"]["pass_at_1"] <= 1.0 and result["wall_s"] > 0
     assert set(result["test"]["by_family"]) == set(gym.FAMILIES)
@@ -93,7 +92,9 @@ def test_quick_variant_writes_base_json_and_an_actor_stage(tmp_path):
     manifest = json.loads((work / "base" / "stage.json").read_text())
     # the copy warm-up has its own optimizer state: the checkpoint's step counts demo updates only
     assert manifest["kind"] == "sft" and manifest["finished_step"] == result["selected_step"]
-    assert result["copy"]["steps"] == 4 and result["copy"]["loss"] > 0
+    # it starts from the shipped copy-pretrained init, recorded by digest
+    assert result["copy"] == {"steps": 0} and result["init"] == embedded.INIT
+    assert manifest["config"]["init_digest"] == result["init_digest"] == embedded.file_digest(embedded.INIT)
     summary = json.loads((work / "base" / "summary.json").read_text())
     assert summary["retained_step"] == manifest["finished_step"]
     assert manifest["config"]["model"] == "gym"
@@ -283,3 +284,51 @@ def test_copy_config_errors_name_the_field():
     config.copy.span, config.copy.prev_rows = (4, 8), config.copy.batch
     with pytest.raises(base.ConfigError, match=r"config\.copy\.prev_rows"):
         base._check(config)
+    config.copy.prev_rows = 1
+    config.init = "tr/stages/no-such-init.safetensors"
+    with pytest.raises(base.ConfigError, match=r"config\.init .*no such file"):
+        base._check(config)
+    config.init, config.model = embedded.INIT, "tiny"
+    with pytest.raises(base.ConfigError, match=r"config\.init .*'gym', not 'tiny'"):
+        base._check(config)
+
+
+def _copy_loss(model, params, tokenizer) -> float:
+    """Mean NLL of the repeats of span-copy rows (`copy_batches`, no previous-token rows)."""
+    from tr.train import steps as steps_lib
+
+    batch = next(base.copy_batches(base.ordinary_ids(tokenizer), batch=8, length=128, span=(4, 24),
+                                   prev_rows=0, seed=123))
+    logp = np.asarray(steps_lib.nnx_model_fns(model).actor_logprobs(params, batch))
+    return float(-(logp * batch["loss_mask"]).sum() / batch["loss_mask"].sum())
+
+
+def test_shipped_init_copies_in_context_and_pretrain_rewrites_it(tmp_path):
+    """The shipped init (`python -m tr.stages.embedded pretrain`) is the gym model after its copy
+    updates: it predicts the repeat of a random span (an induction head), a random init cannot;
+    the command writes a file of the same tensors that loads back exactly."""
+    from flax import nnx
+
+    from tr.models.decoder import Decoder
+    from tr.train import steps as steps_lib
+
+    tok = embedded.load_tokenizer()
+    fresh = lambda: Decoder(embedded.model_config(), rngs=nnx.Rngs(0))
+    random_model = fresh()
+    shipped = embedded.load_init(fresh(), embedded.INIT)
+    random_loss = _copy_loss(random_model, steps_lib.nnx_model_fns(random_model).actor_params, tok)
+    shipped_loss = _copy_loss(shipped, steps_lib.nnx_model_fns(shipped).actor_params, tok)
+    assert random_loss > 5.0 and shipped_loss < 1.5, (random_loss, shipped_loss)
+
+    stats = embedded.pretrain(tmp_path / "init.safetensors", steps=2, seed=1)
+    assert stats["steps"] == 2 and stats["sha256"] == embedded.file_digest(str(tmp_path / "init.safetensors"))
+    again = embedded.load_init(fresh(), str(tmp_path / "init.safetensors"))
+    written = steps_lib.nnx_model_fns(again).actor_params
+    assert stats["sha256"] != embedded.file_digest(embedded.INIT)
+    # two updates from a random init: still no copying, and not the shipped weights
+    assert _copy_loss(again, written, tok) > 4.0
+    with pytest.raises(ValueError, match=r"config\.init .*no file"):
+        embedded.load_init(fresh(), str(tmp_path / "missing.safetensors"))
+    tiny = Decoder(embedded.model_config("tiny"), rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"config\.init .* does not fit model 'tiny'"):
+        embedded.load_init(tiny, embedded.INIT)

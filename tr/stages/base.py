@@ -6,9 +6,13 @@
               its commands after the instruction, as RSR's replays see a task); each demo's
               actions are SFT targets, except a mistake demo's wrong first action (context only,
               unless `demos.learn_mistakes`)
-    sft       a fixed number of updates (`tr.train.steps` SFT step) of the embedded model
-              (`tr.stages.embedded`) from scratch, evaluated on `val` at update `eval_start` and every
-              `eval_every` updates after it (and at the last)
+    init      the embedded model (`tr.stages.embedded`) from `init`: the shipped weights that
+              already copy names and numbers in context (300 updates of `copy_batches`, made once by
+              `python -m tr.stages.embedded pretrain`), or "" for a random init then
+              `copy.steps` copy updates in the run
+    sft       a fixed number of updates (`tr.train.steps` SFT step), evaluated on `val` at update
+              `eval_start` and every `eval_every` updates after it (and at the last); the demos run
+              in the sandboxes while the model is set up and its update compiled
     select    the checkpoint whose val Pass@1 is closest to `target` among those inside `band`
               with successes in at least half the families (closest overall if none qualifies)
     report    the selected actor on `test` (Pass@1 by family and tier) -> WORKDIR/base.json,
@@ -23,6 +27,7 @@ parameters give the same episodes at any concurrency.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import pathlib
 import random
@@ -311,15 +316,16 @@ VARIANTS = ("default", "fast", "quick", "smoke")
 # tasks): a Base for pipelines whose whole budget is a few minutes (Terminal-RSI's main job).
 FAST = {"demos.tasks": 672, "sft.steps": 120, "sft.warmup": 16, "sft.eval_start": 80,
         "sft.eval_every": 40, "eval.test_count": 32}
-QUICK = {"demos.tasks": 24, "copy.steps": 4, "copy.batch": 4, "copy.prev_rows": 1, "sft.steps": 6,
+QUICK = {"demos.tasks": 24, "sft.steps": 6,
          "sft.eval_start": 3, "sft.eval_every": 3, "sft.batch": 4, "eval.val_count": 8,
          "eval.test_count": 8, "eval.max_turns": 2, "eval.max_output_tokens": 32}
 # Smaller still than `quick` (one eval of two tasks, one turn): the pod form's local smoke run and
 # the stage kind's test.
-SMOKE = {**QUICK, "demos.tasks": 8, "copy.steps": 0, "sft.steps": 2, "sft.eval_start": 2,
+SMOKE = {**QUICK, "demos.tasks": 8, "sft.steps": 2, "sft.eval_start": 2,
          "sft.eval_every": 2, "sft.batch": 2, "eval.val_count": 2, "eval.test_count": 2, "eval.max_turns": 1,
          "eval.max_output_tokens": 16}
 SECTIONS = ("demos", "copy", "sft", "eval", "select")
+TOP_FIELDS = ("seed", "model", "tokenizer", "system_prompt", "concurrency", "init")
 
 
 def defaults(variant: str = "default"):
@@ -335,6 +341,9 @@ def defaults(variant: str = "default"):
     config.model = embedded.MODEL                         # tr/stages/embedded.py
     config.tokenizer = embedded.TOKENIZER                 # or "byte"
     config.system_prompt = embedded.SYSTEM_PROMPT         # demos, evaluation, the manifest
+    # Initial weights (a safetensors file of `model`; "" = random init from `seed`): the shipped
+    # copy-pretrained init (tr/stages/embedded.py), so the run's budget goes to the demos.
+    config.init = embedded.INIT
     config.concurrency = 16                               # sandboxes at once = sampler batch
     config.demos = ml_collections.ConfigDict()
     # Train instances, one demo each.  Each demo is seen about twice in 160 updates of ~16 demos:
@@ -345,17 +354,19 @@ def defaults(variant: str = "default"):
     config.demos.p_runbook = 0.2                          # reference, runbook in the prompt (RSR)
     config.demos.learn_mistakes = False                   # a mistake demo's wrong action: context only
     config.sft = ml_collections.ConfigDict()
-    config.sft.steps = 160
+    config.sft.steps = 120
     config.sft.batch = 8                                  # packed rows per update (~3 demos a row)
     config.sft.length = 512                               # row length (tokens); longer demos dropped
     config.sft.learning_rate = 3e-3
     config.sft.warmup = 20
-    config.sft.eval_start = 80                            # val evaluations at 80, 120, 160
+    config.sft.eval_start = 80                            # val evaluations at 80 and 120
     config.sft.eval_every = 40
-    # In-context copying before the demos (`copy_batches`), with its own optimizer: the demos teach
-    # each family's commands, these updates the mechanism that fills names and numbers into them.
+    # In-context copying (`copy_batches`), with its own optimizer: the demos teach each family's
+    # commands, these updates the mechanism that fills names and numbers into them.  The shipped
+    # `init` already had `embedded.INIT_COPY_STEPS` of them (same settings); with init "" the run
+    # makes them itself (`copy.steps` 300: ~2 min on 2 cores).
     config.copy = ml_collections.ConfigDict()
-    config.copy.steps = 300                               # copy-only updates (0: none)
+    config.copy.steps = 0                                 # copy-only updates in the run (0: none)
     config.copy.learning_rate = 1e-2                      # at 3e-3 the induction head does not form
     config.copy.batch = 16
     config.copy.length = 128
@@ -410,6 +421,13 @@ def _check(config) -> None:
     if not 0 <= config.copy.rows < config.sft.batch:
         raise ConfigError(f"config.copy.rows = {config.copy.rows} must be >= 0 and < "
                           f"config.sft.batch = {config.sft.batch} (rows of demos are needed)")
+    if config.init == embedded.INIT and config.model != embedded.MODEL:
+        raise ConfigError(f"config.init {config.init!r} holds weights of model {embedded.MODEL!r}, "
+                          f"not {config.model!r}: set config.init='' (random init) or a file of "
+                          "that model")
+    if config.init and not embedded.repo_path(config.init).exists():
+        raise ConfigError(f"config.init {config.init!r}: no such file or folder (`python -m "
+                          "tr.stages.embedded pretrain` writes the embedded one; '' = random init)")
     lo, hi = config.select.band
     if not 0 <= lo <= config.select.target <= hi <= 1:
         raise ConfigError(f"config.select: need 0 <= band[0] <= target <= band[1] <= 1, got "
@@ -483,24 +501,35 @@ def train(config, run_dir: pathlib.Path, out_dir: pathlib.Path) -> dict:
     if stage_dir.exists():         # an unfinished leftover (a finished stage is never re-run)
         shutil.rmtree(stage_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    init_digest = embedded.file_digest(config.init) if config.init else None
 
-    seqs, demo_stats = make_demos(config, tokenizer, layout)
+    # The demos are sandbox-bound, the set-up below compute-bound: run them side by side.
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="demos") as pool:
+        demos = pool.submit(make_demos, config, tokenizer, layout)
+        try:
+            model = embedded.load_init(Decoder(model_cfg, rngs=nnx.Rngs(config.seed)), config.init)
+            fns = steps_lib.nnx_model_fns(model)
+            actor_params, copy_stats = fns.actor_params, {"steps": 0}
+            if config.copy.steps:
+                actor_params, copy_stats = copy_warmup(config, fns, tokenizer, t_start)
+            sft, state = sft_stepper(fns, actor_params, learning_rate=config.sft.learning_rate,
+                                     warmup=config.sft.warmup, steps=config.sft.steps,
+                                     seed=config.seed)
+            shape = (config.sft.batch, config.sft.length)
+            jax.block_until_ready(sft(state, {"tokens": np.zeros(shape, np.int32),       # compile
+                                              "loss_mask": np.zeros(shape, bool),
+                                              "segment_ids": np.ones(shape, np.int32)}))
+        except BaseException:
+            demos.cancel()
+            raise
+        seqs, demo_stats = demos.result()
     print(f"demos: {json.dumps(demo_stats, sort_keys=True)}", flush=True)
     if not seqs:
         raise RuntimeError("no demo sequence fits config.sft.length")
-
-    model = Decoder(model_cfg, rngs=nnx.Rngs(config.seed))
-    fns = steps_lib.nnx_model_fns(model)
-    actor_params, copy_stats = fns.actor_params, {"steps": 0}
-    if config.copy.steps:
-        actor_params, copy_stats = copy_warmup(config, fns, tokenizer, t_start)
-    sft, state = sft_stepper(fns, actor_params, learning_rate=config.sft.learning_rate,
-                             warmup=config.sft.warmup, steps=config.sft.steps, seed=config.seed)
     data = batches(seqs, batch=config.sft.batch, length=config.sft.length,
                    pad_id=tokenizer.pad_id, seed=config.seed)
-    data = with_copy_rows(data, rows=int(config.copy.rows) if config.copy.steps else 0,
-                          ordinary_ids=ordinary_ids(tokenizer), span=tuple(config.copy.span),
-                          seed=config.seed + 1)
+    data = with_copy_rows(data, rows=int(config.copy.rows), ordinary_ids=ordinary_ids(tokenizer),
+                          span=tuple(config.copy.span), seed=config.seed + 1)
     val_tasks = gym.split_tasks("val", config.eval.val_count, seed=config.seed)
     test_tasks = gym.split_tasks("test", config.eval.test_count, seed=config.seed)
     evaluator = Evaluator(config, model, tokenizer)
@@ -543,6 +572,7 @@ def train(config, run_dir: pathlib.Path, out_dir: pathlib.Path) -> dict:
                     "system_prompt": config.system_prompt,
                     "seed": config.seed,
                     "selected_step": chosen["step"], "steps": config.sft.steps,
+                    "init": config.init, "init_digest": init_digest,
                     "copy": config.copy.to_dict()}
     wall = time.monotonic() - t_start
     result = {
@@ -557,6 +587,7 @@ def train(config, run_dir: pathlib.Path, out_dir: pathlib.Path) -> dict:
         "evals": evals, "demos": demo_stats, "copy": copy_stats,
         "wall_s": wall, "train_s": t_train, "eval_s": t_eval,
         "model": config.model, "tokenizer": config.tokenizer,
+        "init": config.init, "init_digest": init_digest,
     }
     _write_json(out_dir / "base.json", result)
     text = (f"Base (seed {config.seed}, step {chosen['step']} of {config.sft.steps}): "
@@ -646,11 +677,11 @@ def stage_config(entry) -> "ml_collections.ConfigDict":
                     raise ConfigError(f"stage {name!r} (kind base): unknown config field "
                                       f"{key}.{field}; known: {sorted(config[key])}")
                 config[key][field] = tuple(v) if isinstance(v, list) else v
-        elif key in ("seed", "model", "tokenizer", "system_prompt", "concurrency"):
+        elif key in TOP_FIELDS:
             config[key] = value
         else:
             raise ConfigError(f"stage {name!r} (kind base): unknown config field {key!r}; known: "
-                              f"{sorted(['seed', 'model', 'tokenizer', 'system_prompt', 'concurrency', 'variant', *SECTIONS])}")
+                              f"{sorted([*TOP_FIELDS, 'variant', *SECTIONS])}")
     return config
 
 
