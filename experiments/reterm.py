@@ -75,6 +75,12 @@ def get_config(variant: str = "default"):
     c.sft.batch = 8
     c.sft.length = 1024
     c.sft.learning_rate = 2e-4                        # paper: 5e-6 at 9B, batch 16
+    # the share of SFT rows that are scripted demos of plain train tasks (the Base's demo code),
+    # so the SFT arm keeps doing tasks from scratch; paper: 0 (recovery rows only)
+    c.sft.plain_share = 0.5
+    # a recovery (teacher rows, Recovery@k, ReTerm-GRPO groups) sees the task prompt and the last
+    # N turns of the failed attempt h_f, so it fits the model's 512 + 64 token episodes; paper: 0
+    c.recovery = ml_collections.ConfigDict({"history_turns": 2})
     c.grpo = ml_collections.ConfigDict()
     c.grpo.updates = 4
     c.grpo.group_size = 4                             # paper: 16
@@ -119,4 +125,6 @@ def get_config(variant: str = "default"):
         c.eval.context = 65536
         c.eval.temperature, c.eval.top_p = 1.0, 1.0
         c.queue.capacity = 64
+        c.sft.plain_share = 0.0                       # the paper's SFT: recovery rows only
+        c.recovery.history_turns = 0                  # the whole history h_f
     return c
