@@ -881,7 +881,9 @@ def run(config, workdir):
                           **{f"{n}_s": s.get("wall_s") for n, s in summaries.items()}},
               "config": {"group_weighting": config.grpo.group_weighting,
                          "eps_low": config.grpo.eps_low, "eps_high": config.grpo.eps_high,
-                         "teacher": config.teacher.kind, "stages": [e["name"] for e in entries]}}
+                         "teacher": config.teacher.kind, "stages": [e["name"] for e in entries],
+                         "history_turns": int(config.recovery.history_turns),
+                         "plain_share": float(config.sft.plain_share)}}
     (workdir / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True, default=str))
     (workdir / "report.md").write_text(report_md(report))
     plot_curves(report, workdir / "reward_curves.png")
@@ -896,10 +898,14 @@ def report_md(report: dict) -> str:
     for a, v in report["arms"].items():
         lines.append(f"| {a} | {v['pass_at_1']:.3f} | {v['episodes']} | {v['recovery_at_k']:.3f} "
                      f"| {v['k']} | {v['mean_turns']:.2f} | {v['mean_tokens']:.1f} |")
-    d = report["dataset"]
+    d, sft = report["dataset"], report["stages"]["sft"]
+    turns = report["config"]["history_turns"]
     lines += ["", f"Dataset: {d['failures']} failures, {d['recoveries']} teacher recoveries, "
               f"{d['kept']} kept; rejected by " + ", ".join(f"{k} {v}" for k, v in
                                                            d["rejected_by"].items()) + ".",
+              f"Recoveries see {'all of h_f' if not turns else f'the task and the last {turns} turn(s) of h_f'}"
+              f"; SFT rows: {sft.get('recovery_rows')} recovery + {sft.get('plain_rows')} plain "
+              f"(sft.plain_share {report['config']['plain_share']}).",
               f"Queue: capacity {report['queue']['capacity']} ({report['queue']['sampling']}), "
               f"{report['queue']['inserted']} inserted, {report['queue']['evicted']} evicted.",
               "", "Recovery rate by rule-based error category of the held-out failure:", "",
