@@ -188,7 +188,7 @@ def test_recovery_settings_reach_the_stages():
     """recovery.history_turns goes to every stage that runs recoveries (the SFT data, ReTerm-GRPO
     and the queue sweep's stages), sft.plain_share to the SFT stage; the paper keeps the full
     history and recovery rows only."""
-    for variant, turns, share in (("default", 2, 0.5), ("queue", 2, 0.5), ("paper", 0, 0.0)):
+    for variant, turns, share in (("default", 1, 0.5), ("queue", 1, 0.5), ("paper", 0, 0.0)):
         cfg = reterm_config.get_config(variant)
         entries = reterm.stage_entries(cfg)
         for e in entries[1:]:

@@ -49,8 +49,11 @@ ARMS = ("base", "sft", "grpo", "reterm_grpo")
 KINDS = ("reterm_sft", "grpo", "reterm_grpo")
 # recovery.history_turns at CPU scale: a recovery (teacher rows, Recovery@k, ReTerm-GRPO groups)
 # inherits the task prompt and the last N turns of h_f (`tr.agent.transcript.inherited_history`),
-# so it fits the gym model's 512 + 64 token episodes; paper: 0 (the whole history)
-HISTORY_TURNS = 2
+# so it fits the gym model's 512 + 64 token episodes; paper: 0 (the whole history).  Measured on
+# 29 failures of the default Base on 16 train tasks (seed 0): the first recovery context (h_f + r)
+# is median 593 / max 749 tokens with all of h_f (17 over the 512 prompt budget), 469 / 598 with
+# N = 2 (5 over), 334 / 408 with N = 1 (none over; teacher rows median 530, max 674)
+HISTORY_TURNS = 1
 PLAIN_SHARE = 0.5       # sft.plain_share at CPU scale; paper: 0 (recovery rows only)
 
 
