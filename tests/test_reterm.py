@@ -126,7 +126,8 @@ def test_bad_config_values_are_named(tmp_path):
                                ("queue.capacity", 0, "config.queue.capacity must be >= 1"),
                                ("recovery.history_turns", -1,
                                 "config.recovery.history_turns must be >= 0"),
-                               ("sft.plain_share", 1.0, r"config.sft.plain_share must be in \[0, 1\)")):
+                               ("sft.plain_share", 1.0,
+                                r"config.sft.plain_share must be in \[0, 1\)")):
         cfg = reterm_config.get_config("quick")
         section, field = path.split(".")
         cfg[section][field] = value
@@ -173,7 +174,8 @@ def test_stage_config_errors_are_named(tmp_path):
              ({"name": "g", "kind": "grpo", "actor_from": "sft",
                "recovery": {"history_turns": 1}}, reterm.run_grpo, "unknown config field"),
              ({"name": "s", "kind": "reterm_sft", "actor_from": "base",
-               "sft": {"plain_share": 1.0}}, reterm.run_sft, r"sft.plain_share must be in \[0, 1\)"),
+               "sft": {"plain_share": 1.0}}, reterm.run_sft,
+              r"sft.plain_share must be in \[0, 1\)"),
              ({"name": "s", "kind": "reterm_sft", "actor_from": "base",
                "sft": {"plain_share": -0.1}}, reterm.run_sft, "sft.plain_share must be in"),
              ({"name": "s", "kind": "reterm_sft", "actor_from": "base"}, reterm.run_sft,

@@ -5,7 +5,8 @@
     teacher    restores s_f, sees the task, h_f (all of its last window, or with
                ``history_turns`` N > 0 the task prompt and only its last N turns: every recovery
                -- teacher rows, Recovery@k, ReTerm-GRPO groups -- sees the same cut, see
-               :func:`tr.agent.transcript.inherited_history`) and the generation-time recovery prompt
+               :func:`tr.agent.transcript.inherited_history`) and the generation-time recovery
+               prompt
                (:data:`TEACHER_RECOVERY_PROMPT`: inspect -> diagnose -> plan and fix -> verify), is
                told only that the attempt failed (never test feedback), continues
     filters    verifier (must pass) and format (well-formed turns) by rule; compliance (deletes an

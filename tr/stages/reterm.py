@@ -903,12 +903,12 @@ def report_md(report: dict) -> str:
                      f"| {v['k']} | {v['mean_turns']:.2f} | {v['mean_tokens']:.1f} |")
     d, sft = report["dataset"], report["stages"]["sft"]
     turns = report["config"]["history_turns"]
+    seen = "all of h_f" if not turns else f"the task and the last {turns} turn(s) of h_f"
     lines += ["", f"Dataset: {d['failures']} failures, {d['recoveries']} teacher recoveries, "
               f"{d['kept']} kept; rejected by " + ", ".join(f"{k} {v}" for k, v in
                                                            d["rejected_by"].items()) + ".",
-              f"Recoveries see {'all of h_f' if not turns else f'the task and the last {turns} turn(s) of h_f'}"
-              f"; SFT rows: {sft.get('recovery_rows')} recovery + {sft.get('plain_rows')} plain "
-              f"(sft.plain_share {report['config']['plain_share']}).",
+              f"Recoveries see {seen}; SFT rows: {sft.get('recovery_rows')} recovery + "
+              f"{sft.get('plain_rows')} plain (sft.plain_share {report['config']['plain_share']}).",
               f"Queue: capacity {report['queue']['capacity']} ({report['queue']['sampling']}), "
               f"{report['queue']['inserted']} inserted, {report['queue']['evicted']} evicted.",
               "", "Recovery rate by rule-based error category of the held-out failure:", "",
