@@ -84,6 +84,12 @@ def check_quick_run(run: pathlib.Path, state: pathlib.Path) -> None:
     assert len(rows) == d["kept"]
     for row in rows:
         assert sum(row["loss_mask"]) > 0 and len(row["tokens"]) == len(row["loss_mask"])
+        assert row["history_turns"] == 1 and row["h_f"][0]["content"] == row["x"]
+    # recoveries saw the task and the last turn of h_f; the SFT mixed plain demos 1:1
+    sft = report["stages"]["sft"]
+    assert report["config"]["history_turns"] == 1 and report["config"]["plain_share"] == 0.5
+    assert sft["rows"] == sft["recovery_rows"] + sft["plain_rows"] and sft["plain_share"] == 0.5
+    assert sft["plain_rows"] == reterm.plain_count(sft["recovery_rows"], 0.5) >= 1
     assert (run / "report.md").read_text().startswith("# ReTerm (quick")
     assert (run / "reward_curves.png").stat().st_size > 1000
     for stage in ("grpo", "reterm_grpo"):
