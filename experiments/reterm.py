@@ -29,8 +29,9 @@ from tr.train import pod
 
 VARIANTS = ("default", "quick", "queue", "paper")
 
-# sft.length: a quick recovery row (h_f of an unsummarised two-turn failure + the teacher) is
-# ~700 BPE tokens; the gym model's context is 1,024.
+# sft.length: a recovery row (h_f of an unsummarised failure + the teacher) is up to ~970 BPE
+# tokens with all of h_f, up to ~670 with the default recovery.history_turns = 1; the gym
+# model's context is 1,024.
 QUICK = {"base.variant": "smoke",
          "data.train_tasks": 4, "data.attempts": 1, "sft.steps": 2, "sft.batch": 2, "sft.length": 1024,
          "grpo.updates": 2, "grpo.group_size": 2, "grpo.m_original": 1, "grpo.m_recovery": 1,
@@ -75,6 +76,14 @@ def get_config(variant: str = "default"):
     c.sft.batch = 8
     c.sft.length = 1024
     c.sft.learning_rate = 2e-4                        # paper: 5e-6 at 9B, batch 16
+    # the share of SFT rows that are scripted demos of plain train tasks (the Base's demo code),
+    # so the SFT arm keeps doing tasks from scratch; paper: 0 (recovery rows only)
+    c.sft.plain_share = 0.5
+    # a recovery (teacher rows, Recovery@k, ReTerm-GRPO groups) sees the task prompt and the last
+    # N turns of the failed attempt h_f, so it fits the model's 512 + 64 token episodes (N = 1:
+    # first recovery context <= 408 tokens on the Base's failures, N = 2: up to 598, all: up to
+    # 749; tr/stages/reterm.py HISTORY_TURNS); paper: 0
+    c.recovery = ml_collections.ConfigDict({"history_turns": 1})
     c.grpo = ml_collections.ConfigDict()
     c.grpo.updates = 4
     c.grpo.group_size = 4                             # paper: 16
@@ -119,4 +128,6 @@ def get_config(variant: str = "default"):
         c.eval.context = 65536
         c.eval.temperature, c.eval.top_p = 1.0, 1.0
         c.queue.capacity = 64
+        c.sft.plain_share = 0.0                       # the paper's SFT: recovery rows only
+        c.recovery.history_turns = 0                  # the whole history h_f
     return c

@@ -316,3 +316,148 @@ def test_condensed_prompt_when_the_failure_ends_on_an_observation(world):
         assert rc.error_category(fails[0]) == "resource_management"
     finally:
         rc.discard_failures(fails)
+
+
+# ----------------------------------------------------------------------------------------------
+# A capped history: the recovery inherits the task prompt and only the last N turns of h_f.
+
+class Wanderer:
+    """A failing actor with a longer history: two looks, the family's mistake, then DONE."""
+
+    name = "wanderer"
+
+    def __init__(self, tasks):
+        self.plans = {t.id: ["ls /app", "pwd", gym.mistake_commands(t)[0]] for t in tasks}
+
+    def generate(self, requests):
+        out = []
+        for r in requests:
+            plan = self.plans[r.task_id]
+            out.append(Generation(text=format_action("go", plan[r.turn - 1]) if r.turn <= len(plan)
+                                  else format_action("done", None)))
+        return out
+
+
+class Recorder:
+    """Wraps a policy; keeps the messages and token context of every first recovery request."""
+
+    def __init__(self, policy):
+        self.policy, self.name, self.first = policy, "recorder", {}
+
+    def generate(self, requests):
+        for r in requests:
+            if r.messages[-1]["role"] == "user" and r.messages[-1]["content"] in (
+                    RECOVERY_PROMPT, rc.TEACHER_RECOVERY_PROMPT):
+                self.first[r.episode_id] = (list(r.messages), list(r.prompt_tokens))
+        return self.policy.generate(requests)
+
+
+@pytest.fixture(scope="module")
+def long_failures(world):
+    tasks, by_id, layout, config, _, _ = world
+    fails, _ = rc.collect_failures(Wanderer(tasks[:2]), tasks[:2], 1, layout, config, prefix="long")
+    yield fails
+    rc.discard_failures(fails)
+
+
+def _body(segments):
+    return [s for s in segments if s.kind != "prompt"]
+
+
+def test_inherit_keeps_the_prompt_and_the_last_turns(world, long_failures):
+    from tr.agent.transcript import Transcript, history_note, transcript_from_messages
+
+    _, by_id, layout, _, _, _ = world
+    hdr = layout.header_ids
+    for f in long_failures:
+        assert f.status is EpisodeStatus.VERIFIED_FAIL and [t.turn for t in f.turns] == [1, 2, 3, 4]
+        system, task = f.messages[0]["content"], f.messages[1]["content"]
+        assert task == by_id[f.task_id].instruction
+        for n in (0, 1, 2, 3, 4, 7):
+            tr = Transcript(layout)
+            tr.inherit(f, n)
+            assert all(s.source in ("env", "inherited") for s in tr.segments)
+            if n == 0 or n >= 4:             # everything: today's behaviour
+                assert [s.tokens for s in tr.segments] == [s.tokens for s in f.segments]
+                assert tr.messages == f.messages
+                continue
+            kept = [s for s in _body(f.segments) if s.turn > 4 - n]
+            assert tr.segments[0].kind == "prompt" and tr.segments[0].turn == 0
+            note = tr.segments[1]
+            assert (note.kind, note.source, note.turn) == ("observation", "env", 4 - n)
+            assert note.tokens == layout.user_ids(history_note(4 - n), close_action=False) + hdr
+            assert [(s.kind, s.turn, s.tokens) for s in tr.segments[2:]] == \
+                [(s.kind, s.turn, s.tokens) for s in kept]
+            assert sorted({s.turn for s in tr.segments[2:]}) == list(range(5 - n, 5))
+            # messages: system, task, the note, then the kept turns' messages (2 per turn but the
+            # last, DONE), the same ones the parent had
+            assert tr.messages[:3] == [f.messages[0], f.messages[1],
+                                       {"role": "user", "content": history_note(4 - n)}]
+            assert tr.messages[3:] == f.messages[-len(kept):] and len(kept) == 2 * n - 1
+            assert len(tr.messages) == 2 + len(_body(tr.segments))
+            # the token context = the prompt + the note + the kept turns, and equals a transcript
+            # laid out from the capped messages (text replies: encoded once)
+            assert tr.context_ids() == (layout.prompt_ids(system, task)
+                                        + note.tokens + [t for s in kept for t in s.tokens])
+            assert transcript_from_messages(layout, tr.messages).context_ids() == tr.context_ids()
+            assert tr.context_len() < sum(len(s.tokens) for s in f.segments)
+        with pytest.raises(ValueError, match="history_turns=-1 must be >= 0"):
+            Transcript(layout).inherit(f, -1)
+    assert history_note(1) == "(1 earlier turn omitted)"
+
+
+def test_capped_recoveries_rows_and_recovery_at_k(world, long_failures):
+    """Teacher rows from a capped h_f: the recovery saw exactly the capped context, the row's h_f
+    is the kept turns and its tokens are that context + r + the teacher's turns; Recovery@k's
+    attempts and the harness's spec see the same cut."""
+    from tr.agent.harness import EpisodeSpec
+    from tr.agent.rollout import recovery_specs
+    from tr.agent.transcript import Transcript, history_note, transcript_from_messages
+
+    tasks, by_id, layout, config, _, _ = world
+    full_rows, _ = rc.build_dataset(long_failures, rc.teacher_recoveries(
+        rc.EmbeddedTeacher(tasks), long_failures, by_id, layout, config), by_id, layout)
+    teacher = Recorder(rc.EmbeddedTeacher(tasks))
+    recs = rc.teacher_recoveries(teacher, long_failures, by_id, layout, config, history_turns=1)
+    rows, counts = rc.build_dataset(long_failures, recs, by_id, layout)
+    assert counts["kept"] == 2 and [r.history_turns for r in recs] == [1, 1]
+    parents = {f.episode_id: f for f in long_failures}
+    for rec, row, full in zip(recs, rows, full_rows):
+        parent = parents[rec.parent_episode_id]
+        capped = Transcript(layout)
+        capped.inherit(parent, 1)
+        seen_messages, seen_tokens = teacher.first[rec.episode_id]
+        assert seen_messages[:-1] == capped.messages         # the teacher saw the capped h_f
+        assert seen_tokens[:capped.context_len()] == capped.context_ids()
+        # h_f: task, note, the last turn (DONE) -- the row's tokens are that context, r, y
+        assert row["h_f"] == [parent.messages[1], {"role": "user", "content": history_note(3)},
+                              parent.messages[-1]]
+        assert row["history_turns"] == 1 and row["y"][0]["role"] == "assistant"
+        system = parent.messages[0]
+        laid = transcript_from_messages(layout, [system] + row["h_f"] + [
+            {"role": "user", "content": row["r"]}] + row["y"])
+        assert row["tokens"] == laid.context_ids()
+        assert row["tokens"][:capped.context_len()] == capped.context_ids()
+        assert not any(row["loss_mask"][:capped.context_len()])
+        assert sum(row["loss_mask"]) == sum(len(s.tokens) for s in rec.segments
+                                            if s.source == "teacher")
+        assert len(row["tokens"]) < len(full["tokens"]) and full["y"] == row["y"]
+        assert len(full["h_f"]) == len(parent.messages) - 1 == 8
+    # a row checks its record's inherited messages against the parent's cut
+    bad = rc.EpisodeRecord.from_json(recs[0].to_json())
+    bad.history_turns = 2
+    with pytest.raises(ValueError, match="not those of"):
+        rc.dataset_row(bad, parents[bad.parent_episode_id], "x", layout)
+
+    f = long_failures[0]
+    specs = recovery_specs(by_id[f.task_id], f, 2, history_turns=2)
+    assert [s.history_turns for s in specs] == [2, 2]
+    with pytest.raises(ValueError, match="EpisodeSpec.history_turns=-1"):
+        EpisodeSpec(task=by_id[f.task_id], episode_id="x", parent=f, history_turns=-1)
+    watcher = Recorder(rc.EmbeddedTeacher(tasks))
+    out = rc.recovery_at_k(watcher, long_failures, by_id, 1, layout, config, history_turns=2)
+    assert out["recovery_at_k"] == 1.0
+    for f in long_failures:
+        (msgs, _), = [v for k, v in watcher.first.items() if f.episode_id in k]
+        assert msgs[2] == {"role": "user", "content": history_note(2)} and msgs[-1]["content"] == \
+            RECOVERY_PROMPT and msgs[3:-1] == f.messages[-3:]

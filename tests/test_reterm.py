@@ -84,6 +84,12 @@ def check_quick_run(run: pathlib.Path, state: pathlib.Path) -> None:
     assert len(rows) == d["kept"]
     for row in rows:
         assert sum(row["loss_mask"]) > 0 and len(row["tokens"]) == len(row["loss_mask"])
+        assert row["history_turns"] == 1 and row["h_f"][0]["content"] == row["x"]
+    # recoveries saw the task and the last turn of h_f; the SFT mixed plain demos 1:1
+    sft = report["stages"]["sft"]
+    assert report["config"]["history_turns"] == 1 and report["config"]["plain_share"] == 0.5
+    assert sft["rows"] == sft["recovery_rows"] + sft["plain_rows"] and sft["plain_share"] == 0.5
+    assert sft["plain_rows"] == reterm.plain_count(sft["recovery_rows"], 0.5) >= 1
     assert (run / "report.md").read_text().startswith("# ReTerm (quick")
     assert (run / "reward_curves.png").stat().st_size > 1000
     for stage in ("grpo", "reterm_grpo"):
@@ -123,7 +129,11 @@ def test_paper_variant_validates_only(tmp_path):
 def test_bad_config_values_are_named(tmp_path):
     for path, value, match in (("grpo.group_weighting", "mean", "group_weighting = 'mean'"),
                                ("queue.sampling", "lifo", "queue.sampling = 'lifo'"),
-                               ("queue.capacity", 0, "config.queue.capacity must be >= 1")):
+                               ("queue.capacity", 0, "config.queue.capacity must be >= 1"),
+                               ("recovery.history_turns", -1,
+                                "config.recovery.history_turns must be >= 0"),
+                               ("sft.plain_share", 1.0,
+                                r"config.sft.plain_share must be in \[0, 1\)")):
         cfg = reterm_config.get_config("quick")
         section, field = path.split(".")
         cfg[section][field] = value
@@ -161,12 +171,73 @@ def test_stage_config_errors_are_named(tmp_path):
              ({"name": "s", "kind": "reterm_sft", "actor_from": "base",
                "teacher": {"thoughts": "verbose"}}, reterm.run_sft,
               "teacher.thoughts = 'verbose'"),
+             ({"name": "s", "kind": "reterm_sft", "actor_from": "base",
+               "recovery": {"history_turns": -1}}, reterm.run_sft,
+              "recovery.history_turns must be >= 0"),
+             ({"name": "r", "kind": "reterm_grpo", "actor_from": "sft",
+               "recovery": {"history_turns": -2}}, reterm.run_reterm_grpo,
+              "recovery.history_turns must be >= 0"),
+             ({"name": "g", "kind": "grpo", "actor_from": "sft",
+               "recovery": {"history_turns": 1}}, reterm.run_grpo, "unknown config field"),
+             ({"name": "s", "kind": "reterm_sft", "actor_from": "base",
+               "sft": {"plain_share": 1.0}}, reterm.run_sft,
+              r"sft.plain_share must be in \[0, 1\)"),
+             ({"name": "s", "kind": "reterm_sft", "actor_from": "base",
+               "sft": {"plain_share": -0.1}}, reterm.run_sft, "sft.plain_share must be in"),
              ({"name": "s", "kind": "reterm_sft", "actor_from": "base"}, reterm.run_sft,
               "stage 'base' named as a parent has no manifest"))
     for entry, fn, match in cases:
         with pytest.raises(ConfigError, match=match):
             fn(entry, tmp_path)
     assert not list(tmp_path.iterdir())     # nothing written for a refused stage
+
+
+def test_recovery_settings_reach_the_stages():
+    """recovery.history_turns goes to every stage that runs recoveries (the SFT data, ReTerm-GRPO
+    and the queue sweep's stages), sft.plain_share to the SFT stage; the paper keeps the full
+    history and recovery rows only."""
+    for variant, turns, share in (("default", 1, 0.5), ("queue", 1, 0.5), ("paper", 0, 0.0)):
+        cfg = reterm_config.get_config(variant)
+        entries = reterm.stage_entries(cfg)
+        for e in entries[1:]:
+            config = reterm.resolve(e, e["kind"])
+            if e["kind"] == "grpo":
+                assert "recovery" not in e and "recovery" not in config
+            else:
+                assert config.recovery.history_turns == turns, (variant, e["name"])
+        assert reterm.resolve(entries[1], "reterm_sft").sft.plain_share == share
+    assert reterm.defaults("reterm_sft").recovery.history_turns == reterm.HISTORY_TURNS
+    assert [reterm.plain_count(n, s) for n, s in ((107, 0.5), (9, 0.25), (10, 0.0), (3, 0.9))] == \
+        [107, 3, 0, 27]
+
+
+def test_plain_rows_mix_the_stated_share(tmp_path, monkeypatch):
+    """The SFT stage's plain rows: the Base's scripted demos of fresh `train` instances (real
+    sandboxes), clean or mistake-then-repair, each within sft.length, loss on the teacher's
+    actions only; with the recovery rows they make the stated share."""
+    from tr.envs import gym
+    from tr.stages import embedded
+
+    monkeypatch.setenv("TR_GYM_DIR", str(tmp_path / "gym"))
+    tok = embedded.load_tokenizer()
+    config = reterm.resolve({"name": "s", "kind": "reterm_sft", "actor_from": "base",
+                             "concurrency": 4, "sft": {"plain_share": 0.25}}, "reterm_sft")
+    n_recovery = 9
+    n = reterm.plain_count(n_recovery, config.sft.plain_share)
+    seqs, stats = reterm.plain_rows(config, tok, embedded.SYSTEM_PROMPT, n)
+    assert len(seqs) == n == 3 and stats["sequences"] == 3 and stats["dropped"] == 0
+    assert len(seqs) / (len(seqs) + n_recovery) == 0.25
+    assert set(stats["kinds"]) <= {"clean", "mistake"} and stats["passed"] == 3
+    fresh = [t.instruction for t in gym.split_tasks("train", n, seed=1)]
+    for s in seqs:
+        assert 0 < len(s["tokens"]) <= config.sft.length
+        assert s["loss_mask"].any() and not (s["loss_mask"] & ~s["actor_mask"]).any()
+        text = tok.decode(s["tokens"])
+        assert any(x in text for x in fresh) and "previous attempt failed" not in text
+    config.sft.length = 64                  # no demo fits: all dropped, counted
+    seqs, stats = reterm.plain_rows(config, tok, embedded.SYSTEM_PROMPT, 2)
+    assert seqs == [] and stats["dropped"] == 2
+    assert reterm.plain_rows(config, tok, embedded.SYSTEM_PROMPT, 0)[0] == []
 
 
 def test_sigterm_discards_the_persisted_snapshots(tmp_path):

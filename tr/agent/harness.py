@@ -191,7 +191,9 @@ class Cancelled(Exception):
 @dataclasses.dataclass
 class EpisodeSpec:
     """What to run: a task (tr.envs.tasks.Task), identity, and for a recovery rollout the failed
-    attempt it continues from (``parent`` record holding h_f, restored from ``parent.snapshot_ref``)."""
+    attempt it continues from (``parent`` record holding h_f, restored from ``parent.snapshot_ref``)
+    and how much of h_f it sees: ``history_turns`` N > 0 = the task prompt and the last N turns
+    (:func:`tr.agent.transcript.inherited_history`), 0 = the whole last window."""
 
     task: Any
     episode_id: str
@@ -200,6 +202,11 @@ class EpisodeSpec:
     seed: int = 0
     parent: EpisodeRecord | None = None
     recovery_prompt: str = RECOVERY_PROMPT
+    history_turns: int = 0
+
+    def __post_init__(self):
+        if self.history_turns < 0:
+            raise ValueError(f"EpisodeSpec.history_turns={self.history_turns} must be >= 0")
 
     @property
     def kind(self) -> str:
@@ -251,7 +258,8 @@ def run_episode(
         group_id=spec.group_id, rollout_index=spec.rollout_index, kind=spec.kind,
         policy=policy_name, seed=spec.seed,
         parent_episode_id=None if spec.parent is None else spec.parent.episode_id,
-        recovery_prompt=None if spec.parent is None else spec.recovery_prompt)
+        recovery_prompt=None if spec.parent is None else spec.recovery_prompt,
+        history_turns=0 if spec.parent is None else spec.history_turns)
     tr = Transcript(layout)
     sandbox = None
     done = False
@@ -259,7 +267,7 @@ def run_episode(
     first_turn = 1
     try:
         if spec.parent is not None:
-            tr.inherit(spec.parent)
+            tr.inherit(spec.parent, spec.history_turns)
             first_turn = 1 + max((t.turn for t in spec.parent.turns), default=0)
             tr.add_user(spec.recovery_prompt, turn=first_turn - 1)
         else:

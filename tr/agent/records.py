@@ -128,6 +128,8 @@ class EpisodeRecord:
     snapshot_ref: dict | None = None
     parent_episode_id: str | None = None
     recovery_prompt: str | None = None
+    history_turns: int = 0  # a recovery: the turns of h_f it inherited (0 = all; see
+    #                         tr.agent.transcript.inherited_history)
     turns: list[TurnRecord] = dataclasses.field(default_factory=list)
     segments: list[Segment] = dataclasses.field(default_factory=list)
     messages: list[dict] = dataclasses.field(default_factory=list)  # chat view of the last window

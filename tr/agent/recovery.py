@@ -2,7 +2,11 @@
 
     failures   a named actor attempts tasks N times with a pre-verifier snapshot; each failed
                attempt keeps its history h_f (the record) and its persisted snapshot s_f
-    teacher    restores s_f, sees the task, h_f and the generation-time recovery prompt
+    teacher    restores s_f, sees the task, h_f (all of its last window, or with
+               ``history_turns`` N > 0 the task prompt and only its last N turns: every recovery
+               -- teacher rows, Recovery@k, ReTerm-GRPO groups -- sees the same cut, see
+               :func:`tr.agent.transcript.inherited_history`) and the generation-time recovery
+               prompt
                (:data:`TEACHER_RECOVERY_PROMPT`: inspect -> diagnose -> plan and fix -> verify), is
                told only that the attempt failed (never test feedback), continues
     filters    verifier (must pass) and format (well-formed turns) by rule; compliance (deletes an
@@ -35,7 +39,7 @@ from tr.agent.records import EpisodeRecord, EpisodeStatus, episode_to_sequences
 from tr.agent.rollout import (
     RolloutConfig, discard_snapshot_ref, group_specs, recovery_specs, run_rollouts,
 )
-from tr.agent.transcript import ChatLayout, Generation
+from tr.agent.transcript import ChatLayout, Generation, inherited_history
 
 # The generation-time prompt (the teacher's workflow); the SFT input and recovery rollouts carry
 # the condensed r = RECOVERY_PROMPT instead.
@@ -163,11 +167,14 @@ def make_teacher(kind: str, tasks: Sequence = (), **http):
 
 def teacher_recoveries(teacher, failures: Sequence[EpisodeRecord], tasks_by_id: dict,
                        layout: ChatLayout, config: RolloutConfig, *, seed: int = 0,
-                       prompt: str = TEACHER_RECOVERY_PROMPT) -> list[EpisodeRecord]:
-    """One teacher continuation per failure from its restored s_f (generation-time prompt)."""
+                       prompt: str = TEACHER_RECOVERY_PROMPT,
+                       history_turns: int = 0) -> list[EpisodeRecord]:
+    """One teacher continuation per failure from its restored s_f (generation-time prompt), seeing
+    the last ``history_turns`` turns of h_f (0: all)."""
     specs = []
     for f in failures:
-        specs += recovery_specs(tasks_by_id[f.task_id], f, 1, seed=seed, recovery_prompt=prompt)
+        specs += recovery_specs(tasks_by_id[f.task_id], f, 1, seed=seed, recovery_prompt=prompt,
+                                history_turns=history_turns)
     config = dataclasses.replace(config, snapshot_before_verify=False)
     out = run_rollouts(specs, teacher, layout, config)
     return sorted(out.records, key=lambda r: r.episode_id)
@@ -309,14 +316,20 @@ def condense(rec: EpisodeRecord, layout: ChatLayout, r: str = CONDENSED_PROMPT) 
 
 def dataset_row(rec: EpisodeRecord, parent: EpisodeRecord, instruction: str,
                 layout: ChatLayout, r: str = CONDENSED_PROMPT) -> dict:
-    """One JSONL row: x (task), h_f (the failed attempt's messages), r, y (the teacher's messages),
-    and the token view (teacher tokens only in the loss)."""
+    """One JSONL row: x (task), h_f (the failed attempt's messages the recovery saw: from the task
+    message on, capped as ``rec.history_turns`` says), r, y (the teacher's messages), and the token
+    view of that same context (teacher tokens only in the loss)."""
     short = condense(rec, layout, r)
     (seq,) = episode_to_sequences(short, 1.0, loss_sources=("teacher",))
-    n_hf = len(parent.messages)
+    _, h_f = inherited_history(parent, layout, rec.history_turns)
+    if short.messages[:len(h_f)] != h_f:
+        raise ValueError(f"episode {rec.episode_id}: its inherited messages are not those of "
+                         f"{parent.episode_id} with history_turns={rec.history_turns}")
+    n_hf = len(h_f)
     return {"task_id": rec.task_id, "family": rec.family, "episode_id": rec.episode_id,
             "parent_episode_id": parent.episode_id, "x": instruction,
-            "h_f": parent.messages[1:], "r": r, "y": short.messages[n_hf + 1:],
+            "h_f": h_f[1:], "r": r, "y": short.messages[n_hf + 1:],
+            "history_turns": rec.history_turns,
             "tokens": seq["tokens"].tolist(), "loss_mask": seq["loss_mask"].astype(int).tolist(),
             "actor_mask": seq["actor_mask"].astype(int).tolist()}
 
@@ -484,13 +497,15 @@ def error_category(rec: EpisodeRecord) -> str:
 
 def recovery_at_k(policy, failures: Sequence[EpisodeRecord], tasks_by_id: dict, k: int,
                   layout: ChatLayout, config: RolloutConfig, *, seed: int = 0,
-                  r: str = CONDENSED_PROMPT) -> dict:
+                  r: str = CONDENSED_PROMPT, history_turns: int = 0) -> dict:
     """Recovery@k: the share of failure states from which at least one of ``k`` recovery attempts
-    (from the restored s_f, h_f and r in context) passes; by error category of the failure; mean
-    turns and generated tokens per recovery episode.  The failures' snapshots are kept."""
+    (from the restored s_f, h_f -- its last ``history_turns`` turns, 0: all -- and r in context)
+    passes; by error category of the failure; mean turns and generated tokens per recovery
+    episode.  The failures' snapshots are kept."""
     specs = []
     for f in failures:
-        specs += recovery_specs(tasks_by_id[f.task_id], f, k, seed=seed, recovery_prompt=r)
+        specs += recovery_specs(tasks_by_id[f.task_id], f, k, seed=seed, recovery_prompt=r,
+                                history_turns=history_turns)
     out = run_rollouts(specs, policy, layout, dataclasses.replace(config,
                                                                   snapshot_before_verify=False))
     by_parent: dict[str, list[EpisodeRecord]] = {}

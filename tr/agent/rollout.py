@@ -215,13 +215,16 @@ def group_specs(tasks: Sequence, group_size: int, *, seed: int = 0, prefix: str 
 
 
 def recovery_specs(task, parent: EpisodeRecord, group_size: int, *, seed: int = 0,
-                   recovery_prompt: str = RECOVERY_PROMPT) -> list[EpisodeSpec]:
-    """A group of recovery rollouts from one failed attempt ``(x, h_f, s_f)``."""
+                   recovery_prompt: str = RECOVERY_PROMPT,
+                   history_turns: int = 0) -> list[EpisodeSpec]:
+    """A group of recovery rollouts from one failed attempt ``(x, h_f, s_f)``; ``history_turns``
+    N > 0: each sees the task prompt and only the last N turns of h_f (0: all of its window)."""
     if parent.snapshot_ref is None:
         raise ValueError(f"episode {parent.episode_id}: no pre-verifier snapshot to recover from")
     return [EpisodeSpec(task=task, episode_id=f"rec-{parent.episode_id}-{seed}-{g}",
                         group_id=f"rec-{parent.episode_id}-{seed}", rollout_index=g,
-                        seed=seed * 100_003 + g, parent=parent, recovery_prompt=recovery_prompt)
+                        seed=seed * 100_003 + g, parent=parent, recovery_prompt=recovery_prompt,
+                        history_turns=history_turns)
             for g in range(group_size)]
 
 

@@ -80,13 +80,11 @@ class Transcript:
         self._awaiting_action = False
         self._last_closed = True
 
-    def inherit(self, parent: EpisodeRecord) -> None:
+    def inherit(self, parent: EpisodeRecord, history_turns: int = 0) -> None:
         """Appends the last context window of ``parent`` (a failed attempt h_f) as context: its
-        actions become ``inherited`` segments (no loss, no behaviour logprobs)."""
-        w = max((s.window for s in parent.segments), default=0)
-        segs = [s for s in parent.segments if s.window == w]
-        if not segs:
-            raise ValueError(f"episode {parent.episode_id}: no segments to inherit")
+        actions become ``inherited`` segments (no loss, no behaviour logprobs).  ``history_turns``
+        N > 0 keeps only its prompt and last N turns (:func:`inherited_history`)."""
+        segs, messages = inherited_history(parent, self.layout, history_turns)
         for s in segs:
             source = "inherited" if s.source in ("policy", "teacher") else s.source
             self.segments.append(Segment(s.kind, list(s.tokens), s.turn, self.window, source, None))
@@ -96,7 +94,7 @@ class Transcript:
             last.tokens = last.tokens[:-len(hdr)]
         self._last_closed = last.kind not in ("action", "summary") or self.layout.ends_turn(last.tokens)
         self._awaiting_action = False
-        self.messages = [dict(m) for m in parent.messages]
+        self.messages = messages
 
     def add_user(self, text: str, turn: int, kind: str = "observation") -> None:
         """An environment message (observation, format reminder, recovery or summary prompt)."""
@@ -144,6 +142,51 @@ class Transcript:
     def context_len(self) -> int:
         return sum(len(s.tokens) for s in self.segments if s.window == self.window)
 
+
+# The env note in place of the turns of h_f a capped recovery does not inherit.
+HISTORY_NOTE = "({n} earlier turn{s} omitted)"
+
+
+def history_note(dropped: int) -> str:
+    return HISTORY_NOTE.format(n=dropped, s="" if dropped == 1 else "s")
+
+
+def inherited_history(parent: EpisodeRecord, layout: ChatLayout,
+                      history_turns: int = 0) -> tuple[list[Segment], list[dict]]:
+    """What a recovery inherits of a failed attempt h_f: the segments and messages of ``parent``'s
+    last context window (copies, sources unchanged).  ``history_turns`` N > 0 keeps the window's
+    prompt (system + task) and only the segments and messages of its last N turns; the dropped
+    turns are replaced by one env message :func:`history_note` (their number), laid out as
+    :meth:`Transcript.add_user` would after the prompt.  N = 0, or N >= the window's turns: all.
+
+    The window's messages are its prompt's two (system, user) then one per non-prompt segment, in
+    order; a record that breaks this raises ValueError (it cannot be cut consistently)."""
+    if history_turns < 0:
+        raise ValueError(f"history_turns={history_turns} must be >= 0 (0 = the whole window)")
+    w = max((s.window for s in parent.segments), default=0)
+    segs = [dataclasses.replace(s, tokens=list(s.tokens)) for s in parent.segments if s.window == w]
+    if not segs:
+        raise ValueError(f"episode {parent.episode_id}: no segments to inherit")
+    messages = [dict(m) for m in parent.messages]
+    turns = sorted({s.turn for s in segs if s.kind != "prompt"})
+    if not history_turns or len(turns) <= history_turns:
+        return segs, messages
+    head = [s for s in segs if s.kind == "prompt"]
+    body = segs[len(head):]
+    if len(head) != 1 or segs[0].kind != "prompt" or len(messages) != 2 + len(body):
+        raise ValueError(f"episode {parent.episode_id}: {len(segs)} segments ({len(head)} prompt) "
+                         f"and {len(messages)} messages in its last window do not pair up")
+    first = turns[-history_turns]
+    cut = next(i for i, s in enumerate(body) if s.turn >= first)
+    prompt, hdr = head[0], layout.header_ids
+    if prompt.tokens[-len(hdr):] == hdr:      # the header before action 1: now before the note
+        prompt.tokens = prompt.tokens[:-len(hdr)]
+    note = history_note(len(turns) - history_turns)
+    ids = layout.user_ids(note, close_action=False)
+    if body[cut].kind in ("action", "summary"):
+        ids = ids + hdr                           # the header before the first kept action
+    return ([prompt, Segment("observation", ids, first - 1, w, "env")] + body[cut:],
+            messages[:2] + [{"role": "user", "content": note}] + messages[2 + cut:])
 
 
 def transcript_from_messages(layout: ChatLayout, messages: Sequence[dict]) -> Transcript:

@@ -9,7 +9,9 @@ manifest (`tr.stages.embedded.from_manifest`) and are recorded in the stage's ow
                  each failure is continued by the teacher (embedded: inspect + gym repair; or an
                  HTTP endpoint) from its restored s_f; four filters; JSONL shards in
                  `<stage>/data/` (kept on resume).  Then SFT on the kept rows: input
-                 (x, h_f, r condensed), loss on teacher tokens only.
+                 (x, h_f, r condensed), loss on teacher tokens only, mixed with scripted demos of
+                 plain `train` tasks (`sft.plain_share` of the rows, the Base's demo code) so the
+                 actor keeps doing tasks from scratch
     grpo         GRPO: (M_O + M_R) original groups of G per update (compute-matched with ReTerm)
     reterm_grpo  ReTerm-GRPO: M_O original + M_R recovery groups from the queue (front insert,
                  front-first sampling, capacity K, oldest evicted with its snapshot; a resumed
@@ -45,6 +47,14 @@ from tr.stages.registry import ConfigError
 
 ARMS = ("base", "sft", "grpo", "reterm_grpo")
 KINDS = ("reterm_sft", "grpo", "reterm_grpo")
+# recovery.history_turns at CPU scale: a recovery (teacher rows, Recovery@k, ReTerm-GRPO groups)
+# inherits the task prompt and the last N turns of h_f (`tr.agent.transcript.inherited_history`),
+# so it fits the gym model's 512 + 64 token episodes; paper: 0 (the whole history).  Measured on
+# 29 failures of the default Base on 16 train tasks (seed 0): the first recovery context (h_f + r)
+# is median 593 / max 749 tokens with all of h_f (17 over the 512 prompt budget), 469 / 598 with
+# N = 2 (5 over), 334 / 408 with N = 1 (none over; teacher rows median 530, max 674)
+HISTORY_TURNS = 1
+PLAIN_SHARE = 0.5       # sft.plain_share at CPU scale; paper: 0 (recovery rows only)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -76,8 +86,11 @@ def defaults(kind: str) -> ml_collections.ConfigDict:
                      "max_turns": 8,
                      "max_output_tokens": 512, "max_context_tokens": 8192,
                      "judge_url": "", "judge_model": ""}
+        # plain_share: the share of SFT rows that are scripted demos of plain `train` tasks
+        # (`plain_rows`), the rest recovery rows
         c.sft = {"steps": 60, "batch": 8, "length": 1024,
-                 "learning_rate": 2e-4}          # paper: 5e-6 at 9B, batch 16
+                 "learning_rate": 2e-4,          # paper: 5e-6 at 9B, batch 16
+                 "plain_share": PLAIN_SHARE}
         c.checkpoint.save_every = 10
     else:
         c.grpo = {"updates": 6, "group_size": 4,            # paper: 16
@@ -89,6 +102,8 @@ def defaults(kind: str) -> ml_collections.ConfigDict:
                   "length": 1024}
         if kind == "reterm_grpo":
             c.queue = {"capacity": 16, "sampling": "front"}
+    if kind in ("reterm_sft", "reterm_grpo"):
+        c.recovery = {"history_turns": HISTORY_TURNS}   # turns of h_f a recovery sees (0: all)
     return c
 
 
@@ -125,6 +140,12 @@ def resolve(stage_config, kind: str) -> ml_collections.ConfigDict:
         if config.queue.capacity < 1:
             raise ConfigError(f"stage {config.name!r}: queue.capacity must be >= 1, got "
                               f"{config.queue.capacity}")
+    if kind in ("reterm_sft", "reterm_grpo") and int(config.recovery.history_turns) < 0:
+        raise ConfigError(f"stage {config.name!r}: recovery.history_turns must be >= 0 (0 = the "
+                          f"whole history), got {config.recovery.history_turns}")
+    if kind == "reterm_sft" and not 0 <= float(config.sft.plain_share) < 1:
+        raise ConfigError(f"stage {config.name!r}: sft.plain_share must be in [0, 1), got "
+                          f"{config.sft.plain_share}")
     if kind == "reterm_sft":
         teacher_thoughts(config.teacher.thoughts)
     if kind == "reterm_sft" and config.teacher.kind not in ("embedded", "http"):
@@ -394,7 +415,8 @@ def collect_dataset(config, rt: Runtime, params, data_dir: pathlib.Path) -> dict
             max_turns=int(t.max_turns), max_output_tokens=int(t.max_output_tokens),
             max_context_tokens=int(t.max_context_tokens)))
         recs = recovery.teacher_recoveries(teacher, failures, by_id, layout, teacher_rc,
-                                           seed=int(config.seed))
+                                           seed=int(config.seed),
+                                           history_turns=int(config.recovery.history_turns))
     finally:
         recovery.discard_failures(failures)
     judge = None
@@ -412,6 +434,34 @@ def collect_dataset(config, rt: Runtime, params, data_dir: pathlib.Path) -> dict
     return counts
 
 
+def plain_count(n_recovery: int, share: float) -> int:
+    """Plain rows to add to `n_recovery` recovery rows for a `share` of plain rows:
+    round(share / (1 - share) * n_recovery)."""
+    return int(round(share / (1.0 - share) * n_recovery)) if share > 0 else 0
+
+
+def plain_rows(config, tokenizer, system_prompt: str, n: int) -> tuple[list[dict], dict]:
+    """`n` scripted demos of plain `train` tasks for the recovery SFT, made by the Base's demo code
+    (`tr.stages.base.make_demos`, real sandboxes): clean reference runs and, at the Base's
+    `p_mistake`, a plausible mistake then the repair (the mistake masked); no truncated or runbook
+    demos (they keep the Base low / serve RSR).  Fresh instances (seed `config.seed + 1`, not the
+    Base's own demos).  Rows longer than `sft.length` are dropped (stats["dropped"])."""
+    from tr.agent.transcript import ChatLayout
+    from tr.stages import base
+
+    if n < 1:
+        return [], {"episodes": 0, "sequences": 0, "dropped": 0}
+    demo = base.defaults("default")
+    demo.seed = int(config.seed) + 1
+    demo.concurrency = int(config.concurrency)
+    demo.system_prompt = system_prompt
+    demo.demos.tasks = int(n)
+    demo.demos.p_truncate, demo.demos.p_runbook = 0.0, 0.0
+    demo.sft.length = int(config.sft.length)
+    seqs, stats = base.make_demos(demo, tokenizer, ChatLayout(tokenizer))
+    return seqs, stats
+
+
 def _sft_step(rt: Runtime, learning_rate: float):
     from tr.train.compile import build_steps
     from tr.train.updates import default_config
@@ -426,7 +476,9 @@ def _sft_step(rt: Runtime, learning_rate: float):
 
 def run_sft(stage_config, run_dir, **_) -> dict:
     """Stage kind `reterm_sft`: dataset from the parent's failures, then `sft.steps` SFT updates
-    (loss on teacher tokens); val Pass@1 at `eval.every` and the last step."""
+    (loss on teacher tokens) on the recovery rows that fit `sft.length` mixed with
+    `plain_count(rows, sft.plain_share)` plain demos (`plain_rows`); val Pass@1 at `eval.every`
+    and the last step."""
     from tr.agent.recovery import read_shards, sft_sequences
     from tr.envs import gym
     from tr.stages.base import batches
@@ -451,6 +503,10 @@ def run_sft(stage_config, run_dir, **_) -> dict:
         if not seqs:
             raise RuntimeError(f"stage {config.name!r}: no recovery row fits sft.length "
                                f"{config.sft.length} (dataset {dataset})")
+        n_recovery = len(seqs)
+        plain, plain_stats = plain_rows(config, rt.tokenizer, rt.system_prompt,
+                                        plain_count(n_recovery, float(config.sft.plain_share)))
+        seqs = seqs + plain
         val_tasks = gym.split_tasks("val", int(config.tasks.val_count) or None,
                                     seed=int(config.tasks.seed))
         val = ValLog(opened.stage_dir)
@@ -472,7 +528,9 @@ def run_sft(stage_config, run_dir, **_) -> dict:
             if due:
                 val.evaluate(opened, step, state.actor_params, val_tasks)
         losses = [json.loads(x)["loss"] for x in metrics_path.read_text().splitlines()]
-        summary = {"kind": "reterm_sft", "rows": len(seqs), "steps": total,
+        summary = {"kind": "reterm_sft", "rows": len(seqs), "recovery_rows": n_recovery,
+                   "plain_rows": len(plain), "plain_share": float(config.sft.plain_share),
+                   "plain_demos": plain_stats, "steps": total,
                    "loss_first": losses[0], "loss_last": losses[-1], "dataset": dataset,
                    "wall_s": time.monotonic() - t0}
         return _finish(opened, state, summary, val)
@@ -585,7 +643,8 @@ def run_grpo(stage_config, run_dir, *, kind: str = "grpo", **_) -> dict:
             specs = group_specs(picked, int(g.group_size), seed=step, prefix=f"{config.name}-{step}")
             for p in parents:
                 specs += recovery_specs(by_id[p.task_id], p, int(g.group_size), seed=step,
-                                        recovery_prompt=CONDENSED_PROMPT)
+                                        recovery_prompt=CONDENSED_PROMPT,
+                                        history_turns=int(config.recovery.history_turns))
             out = run_rollouts(specs, policy, policy.layout, rc)
             grouped: dict[str, list] = {}
             for rec in out.records:
@@ -662,28 +721,31 @@ def stage_entries(config) -> list[dict]:
                        "max_output_tokens": int(config.eval.max_output_tokens)}}
     grpo = {**config.grpo.to_dict(), "length": int(config.sft.length)}
     grpo.pop("batch", None)
+    recovery = {"history_turns": int(config.recovery.history_turns)}
     entries = [
         {"name": "base", "kind": "base", "variant": config.base.variant, "seed": int(config.seed),
          "concurrency": int(config.concurrency), **config.base.overrides.to_dict()},
         {**shared, "name": "sft", "kind": "reterm_sft", "actor_from": "base",
          "data": {"attempts": int(config.data.attempts)}, "teacher": config.teacher.to_dict(),
-         "sft": config.sft.to_dict()},
+         "sft": config.sft.to_dict(), "recovery": recovery},
         {**shared, "name": "reterm_grpo", "kind": "reterm_grpo", "actor_from": "sft",
          "grpo": grpo, "queue": {"capacity": int(config.queue.capacity),
-                                 "sampling": config.queue.sampling}},
+                                 "sampling": config.queue.sampling}, "recovery": recovery},
         {**shared, "name": "grpo", "kind": "grpo", "actor_from": "sft", "grpo": grpo},
     ]
     for capacity, sampling in (config.queue.sweep if config.variant == "queue" else ()):
         # beyond the paper: ReTerm-GRPO from the same SFT actor per (K, sampling)
         entries.append({**shared, "name": f"reterm_grpo-K{capacity}-{sampling}",
                         "kind": "reterm_grpo", "actor_from": "sft", "grpo": grpo,
-                        "queue": {"capacity": int(capacity), "sampling": sampling}})
+                        "queue": {"capacity": int(capacity), "sampling": sampling},
+                        "recovery": recovery})
     return entries
 
 
 def evaluate_arm(rt: Runtime, params, name, config, test_tasks, heldout, by_id, workdir) -> dict:
-    """Pass@1 on `test` (k = 1 per task), Recovery@k on the held-out failure states, mean turns
-    and generated tokens per episode."""
+    """Pass@1 on `test` (k = 1 per task), Recovery@k on the held-out failure states (each attempt
+    sees the last `recovery.history_turns` turns of h_f, as in training), mean turns and
+    generated tokens per episode."""
     from tr.agent.recovery import episode_costs, recovery_at_k
     from tr.agent.records import write_shard
     from tr.agent.rollout import group_specs, run_rollouts
@@ -698,7 +760,8 @@ def evaluate_arm(rt: Runtime, params, name, config, test_tasks, heldout, by_id, 
     d = pathlib.Path(workdir) / "episodes"
     d.mkdir(parents=True, exist_ok=True)
     write_shard(out.records, d / f"test-{name}.jsonl")
-    rec = recovery_at_k(policy, heldout, by_id, ev.k, policy.layout, rc, seed=config.seed)
+    rec = recovery_at_k(policy, heldout, by_id, ev.k, policy.layout, rc, seed=config.seed,
+                        history_turns=int(config.recovery.history_turns))
     return {"pass_at_1": float(np.mean([bool(r.passed) for r in counted])) if counted else 0.0,
             "passed": int(sum(bool(r.passed) for r in counted)),
             "episodes": len(counted), "recovery_at_k": rec["recovery_at_k"], "k": ev.k,
@@ -729,6 +792,11 @@ def _check(config) -> None:
     if config.teacher.kind not in ("embedded", "http"):
         raise ConfigError(f"config.teacher.kind = {config.teacher.kind!r}: expected 'embedded' "
                           "or 'http'")
+    if int(config.recovery.history_turns) < 0:
+        raise ConfigError(f"config.recovery.history_turns must be >= 0 (0 = the whole history), "
+                          f"got {config.recovery.history_turns}")
+    if not 0 <= float(config.sft.plain_share) < 1:
+        raise ConfigError(f"config.sft.plain_share must be in [0, 1), got {config.sft.plain_share}")
 
 
 def _say(text: str) -> None:
@@ -816,7 +884,9 @@ def run(config, workdir):
                           **{f"{n}_s": s.get("wall_s") for n, s in summaries.items()}},
               "config": {"group_weighting": config.grpo.group_weighting,
                          "eps_low": config.grpo.eps_low, "eps_high": config.grpo.eps_high,
-                         "teacher": config.teacher.kind, "stages": [e["name"] for e in entries]}}
+                         "teacher": config.teacher.kind, "stages": [e["name"] for e in entries],
+                         "history_turns": int(config.recovery.history_turns),
+                         "plain_share": float(config.sft.plain_share)}}
     (workdir / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True, default=str))
     (workdir / "report.md").write_text(report_md(report))
     plot_curves(report, workdir / "reward_curves.png")
@@ -831,10 +901,14 @@ def report_md(report: dict) -> str:
     for a, v in report["arms"].items():
         lines.append(f"| {a} | {v['pass_at_1']:.3f} | {v['episodes']} | {v['recovery_at_k']:.3f} "
                      f"| {v['k']} | {v['mean_turns']:.2f} | {v['mean_tokens']:.1f} |")
-    d = report["dataset"]
+    d, sft = report["dataset"], report["stages"]["sft"]
+    turns = report["config"]["history_turns"]
+    seen = "all of h_f" if not turns else f"the task and the last {turns} turn(s) of h_f"
     lines += ["", f"Dataset: {d['failures']} failures, {d['recoveries']} teacher recoveries, "
               f"{d['kept']} kept; rejected by " + ", ".join(f"{k} {v}" for k, v in
                                                            d["rejected_by"].items()) + ".",
+              f"Recoveries see {seen}; SFT rows: {sft.get('recovery_rows')} recovery + "
+              f"{sft.get('plain_rows')} plain (sft.plain_share {report['config']['plain_share']}).",
               f"Queue: capacity {report['queue']['capacity']} ({report['queue']['sampling']}), "
               f"{report['queue']['inserted']} inserted, {report['queue']['evicted']} evicted.",
               "", "Recovery rate by rule-based error category of the held-out failure:", "",
