@@ -106,6 +106,10 @@ def get_config(variant: str = "default"):
     c.eval.top_p = 0.95
     c.eval.max_turns = 5
     c.eval.max_output_tokens = 64
+    # an episode's context (prompt + output): the gym model's whole 1,024 (the stages' episode
+    # sampler caches all of it); 0 would be the batch sampler's bucket rule, 512 + 64, in which a
+    # recovery after h_f had ~180 tokens left (Recovery@2 0/16 for every arm, 2 Dec)
+    c.eval.context = 1024
     if variant == "quick":
         for key, value in QUICK.items():
             *path, field = key.split(".")

@@ -338,3 +338,37 @@ def test_output_budget_cuts_a_long_text_reply(tasks, layout):
     assert action.tokens == layout.tokenizer.encode(long_reply)[:50]  # cut, not closed ...
     nxt = rec.segments[rec.segments.index(action) + 1]
     assert nxt.tokens[0] == layout.tokenizer.eos_id  # ... the observation closes it
+
+
+@pytest.mark.parametrize("engine", ["episode", "reprefill"])
+def test_context_budget_is_the_whole_model_context_only_over_an_episode_sampler(engine):
+    """`budgets(context=)`: the batch sampler's prompt bucket (a power of two) caps its episodes;
+    the episode sampler caches the model's whole `max_seq_len`, so an episode may use all of it."""
+    from tr.agent.policies import load_model_policy
+
+    policy = load_model_policy("tiny", seed=0, engine=engine)           # max_seq_len 4096
+    assert policy.budgets(16).max_context_tokens == 2048 + 16             # the bucket rule
+    assert policy.budgets(16, context=1000).max_context_tokens == 1000
+    with pytest.raises(ValueError, match="context=50"):
+        policy.budgets(16, context=50)
+    if engine == "episode":
+        assert policy.budgets(16, context=4096).max_context_tokens == 4096
+    else:
+        with pytest.raises(ValueError, match=r"context=4096: .*<= 2064"):
+            policy.budgets(16, context=4096)
+
+
+def test_an_episode_sampler_episode_runs_past_the_bucket_rule(tasks):
+    """A real episode of the untrained tiny model (format errors every turn) over the episode
+    sampler with the whole 4,096-token context: it ends by overflowing that, not the 2,064 of the
+    bucket rule, so its later prompts were longer than any bucket would have allowed."""
+    from tr.agent.policies import load_model_policy
+
+    policy = load_model_policy("tiny", seed=0, sampling="train", engine="episode")
+    budgets = policy.budgets(16, context=2400, max_turns=400)
+    rec = _run(tasks["easy"], policy, policy.layout, budgets)
+    assert rec.status is EpisodeStatus.CONTEXT_OVERFLOW, rec.status
+    window = [s for s in rec.segments if s.window == rec.segments[-1].window]
+    last = max(i for i, s in enumerate(window) if s.kind == "action")
+    served = sum(len(s.tokens) for s in window[:last + 1])     # the last prompt + its generation
+    assert 2064 < served <= 2400, served

@@ -289,10 +289,14 @@ class ModelPolicy:
         self._calls = 0
         self._lock = threading.Lock()
 
-    def budgets(self, max_output_tokens: int = 256, **kw):
+    def budgets(self, max_output_tokens: int = 256, *, context: int = 0, **kw):
         """Harness budgets that fit the sampler's shape buckets: the prompt bucket (a power of two)
         plus the new-token bucket must stay within ``max_seq_len``.  Summarise early enough that one
-        more turn, the summary request and the summary itself still fit the prompt bucket."""
+        more turn, the summary request and the summary itself still fit the prompt bucket.
+
+        ``context`` > 0: the episode's whole context (prompt + output) instead of that bucket
+        rule, up to ``max_seq_len`` over an episode sampler (its caches hold the model's whole
+        context, no prompt bucket), up to the bucket rule's over a batch sampler."""
         from tr.agent.harness import Budgets
 
         new_bucket = 1 << max(max_output_tokens - 1, 1).bit_length()
@@ -300,6 +304,13 @@ class ModelPolicy:
         if prompt < 64:
             raise ValueError(f"max_output_tokens={max_output_tokens} leaves no room for a prompt in "
                              f"max_seq_len={self.max_seq_len}")
+        if context:
+            limit = self.max_seq_len if self.asynchronous else prompt + max_output_tokens
+            if not max_output_tokens + 64 <= context <= limit:
+                raise ValueError(f"context={context}: must leave a prompt of >= 64 tokens beside "
+                                 f"max_output_tokens={max_output_tokens} and be <= {limit} (the "
+                                 f"{'model max_seq_len' if self.asynchronous else 'prompt bucket + output'})")
+            prompt = context - max_output_tokens
         kw.setdefault("summarise_at_tokens", max(prompt // 2, prompt - 2 * max_output_tokens - 256))
         return Budgets(max_output_tokens=max_output_tokens,
                        max_context_tokens=prompt + max_output_tokens, **kw)

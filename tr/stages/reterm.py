@@ -71,7 +71,10 @@ def defaults(kind: str) -> ml_collections.ConfigDict:
         "tasks": {"train_count": 48, "val_count": 32, "seed": 0},      # gym splits
         "eval": {"every": 0,                     # val Pass@1 every N updates (0: at the end only)
                  "at_start": False,              # also the handed-off actor (may be retained)
-                 "temperature": 0.6, "top_p": 0.95, "max_turns": 5, "max_output_tokens": 64},
+                 "temperature": 0.6, "top_p": 0.95, "max_turns": 5, "max_output_tokens": 64,
+                 # an episode's context (prompt + output), 0: the sampler's bucket rule
+                 # (`ModelPolicy.budgets`: 512 + 64 for the gym model)
+                 "context": 0},
         "checkpoint": {"save_every": 1},
     })
     if kind == "reterm_sft":
@@ -302,7 +305,7 @@ def open_stage(config, run_dir, *, kind: str, optimizer_config) -> Opened:
 def rollout_config(config, policy, system_prompt: str, *, snapshot: bool = False):
     from tr.agent.rollout import RolloutConfig
 
-    budgets = policy.budgets(int(config.eval.max_output_tokens),
+    budgets = policy.budgets(int(config.eval.max_output_tokens), context=int(config.eval.context),
                              max_turns=int(config.eval.max_turns), summarise_at_tokens=None)
     return RolloutConfig(concurrency=int(config.concurrency), progress=False, batch_window_s=0.0,
                          budgets=budgets, snapshot_before_verify=snapshot,
@@ -718,7 +721,8 @@ def stage_entries(config) -> list[dict]:
                         "val_count": int(config.eval.val_count), "seed": int(config.seed)},
               "eval": {"every": int(config.eval.val_every), "temperature": config.eval.temperature,
                        "top_p": config.eval.top_p, "max_turns": int(config.eval.max_turns),
-                       "max_output_tokens": int(config.eval.max_output_tokens)}}
+                       "max_output_tokens": int(config.eval.max_output_tokens),
+                       "context": int(config.eval.context)}}
     grpo = {**config.grpo.to_dict(), "length": int(config.sft.length)}
     grpo.pop("batch", None)
     recovery = {"history_turns": int(config.recovery.history_turns)}
