@@ -501,7 +501,7 @@ def recovery_at_k(policy, failures: Sequence[EpisodeRecord], tasks_by_id: dict, 
     """Recovery@k: the share of failure states from which at least one of ``k`` recovery attempts
     (from the restored s_f, h_f -- its last ``history_turns`` turns, 0: all -- and r in context)
     passes; by error category of the failure; mean turns and generated tokens per recovery
-    episode.  The failures' snapshots are kept."""
+    episode; the attempts' ``records``.  The failures' snapshots are kept."""
     specs = []
     for f in failures:
         specs += recovery_specs(tasks_by_id[f.task_id], f, k, seed=seed, recovery_prompt=r,
@@ -526,7 +526,7 @@ def recovery_at_k(policy, failures: Sequence[EpisodeRecord], tasks_by_id: dict, 
                             for c, v in sorted(cats.items())},
             "mean_turns": sum(x.num_turns for x in counted) / n,
             "mean_tokens": sum(t.output_tokens for x in counted for t in x.turns) / n,
-            "episodes": len(counted)}
+            "episodes": len(counted), "records": out.records}
 
 
 def episode_costs(records: Sequence[EpisodeRecord]) -> dict:

@@ -766,6 +766,7 @@ def evaluate_arm(rt: Runtime, params, name, config, test_tasks, heldout, by_id, 
     write_shard(out.records, d / f"test-{name}.jsonl")
     rec = recovery_at_k(policy, heldout, by_id, ev.k, policy.layout, rc, seed=config.seed,
                         history_turns=int(config.recovery.history_turns))
+    write_shard(rec["records"], d / f"recovery-{name}.jsonl")
     return {"pass_at_1": float(np.mean([bool(r.passed) for r in counted])) if counted else 0.0,
             "passed": int(sum(bool(r.passed) for r in counted)),
             "episodes": len(counted), "recovery_at_k": rec["recovery_at_k"], "k": ev.k,
