@@ -365,7 +365,8 @@ def test_an_episode_sampler_episode_runs_past_the_bucket_rule(tasks):
     from tr.agent.policies import load_model_policy
 
     policy = load_model_policy("tiny", seed=0, sampling="train", engine="episode")
-    budgets = policy.budgets(16, context=2400, max_turns=400)
+    # turns and tokens end it; the wall-clock cap is far above need (a loaded machine)
+    budgets = policy.budgets(16, context=2400, max_turns=400, wall_time_s=1800.0)
     rec = _run(tasks["easy"], policy, policy.layout, budgets)
     assert rec.status is EpisodeStatus.CONTEXT_OVERFLOW, rec.status
     window = [s for s in rec.segments if s.window == rec.segments[-1].window]
