@@ -80,7 +80,7 @@ def get_config(variant: str = "default"):
     # so the SFT arm keeps doing tasks from scratch; paper: 0 (recovery rows only)
     c.sft.plain_share = 0.5
     # a recovery (teacher rows, Recovery@k, ReTerm-GRPO groups) sees the task prompt and the last
-    # N turns of the failed attempt h_f, so it fits the model's 512 + 64 token episodes (N = 1:
+    # N turns of the failed attempt h_f, so it leaves room to act in the context (N = 1:
     # first recovery context <= 408 tokens on the Base's failures, N = 2: up to 598, all: up to
     # 749; tr/stages/reterm.py HISTORY_TURNS); paper: 0
     c.recovery = ml_collections.ConfigDict({"history_turns": 1})

@@ -131,6 +131,15 @@ def _variables(model: nnx.Module) -> dict[tuple[Any, ...], nnx.Variable]:
     return {path: var for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
 
 
+def assign_params(model: nnx.Module, params) -> nnx.Module:
+    """`model` (in place) with the parameters of `params`, a pure dict of its `nnx.Param` state
+    (as training states and stage checkpoints hold them); returns `model`."""
+    state = nnx.state(model, nnx.Param)
+    nnx.replace_by_pure_dict(state, params)
+    nnx.update(model, state)
+    return model
+
+
 def export_state_dict(model: nnx.Module, dtype: str | None = None) -> dict[str, np.ndarray]:
     """HF-named numpy tensors of `model` (in `dtype`, default the parameter's own dtype)."""
     variables = _variables(model)

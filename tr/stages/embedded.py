@@ -126,14 +126,11 @@ def load_init(model, spec: str):
 
 def save_params(model, params, path: Path) -> Path:
     """Write `params` (a pure dict of `model`'s parameters) as one HF-named safetensors file."""
-    from flax import nnx
     from safetensors.numpy import save_file
 
-    from tr.models.weights import export_state_dict
+    from tr.models.weights import assign_params, export_state_dict
 
-    state = nnx.state(model, nnx.Param)
-    nnx.replace_by_pure_dict(state, params)
-    nnx.update(model, state)
+    assign_params(model, params)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(export_state_dict(model), str(path), metadata={"format": "pt"})
     return path

@@ -49,7 +49,7 @@ ARMS = ("base", "sft", "grpo", "reterm_grpo")
 KINDS = ("reterm_sft", "grpo", "reterm_grpo")
 # recovery.history_turns at CPU scale: a recovery (teacher rows, Recovery@k, ReTerm-GRPO groups)
 # inherits the task prompt and the last N turns of h_f (`tr.agent.transcript.inherited_history`),
-# so it fits the gym model's 512 + 64 token episodes; paper: 0 (the whole history).  Measured on
+# so it fits the gym model's context with room to act; paper: 0 (the whole history).  Measured on
 # 29 failures of the default Base on 16 train tasks (seed 0): the first recovery context (h_f + r)
 # is median 593 / max 749 tokens with all of h_f (17 over the 512 prompt budget), 469 / 598 with
 # N = 2 (5 over), 334 / 408 with N = 1 (none over; teacher rows median 530, max 674)
@@ -186,12 +186,9 @@ class Actor:
         self.calls = 0
 
     def set_params(self, params) -> None:
-        from flax import nnx
+        from tr.models.weights import assign_params
 
-        state = nnx.state(self.model, nnx.Param)
-        nnx.replace_by_pure_dict(state, params)
-        nnx.update(self.model, state)
-        self.sampler.update_weights(self.model)
+        self.sampler.update_weights(assign_params(self.model, params))
 
     def policy(self, *, temperature: float, top_p: float, seed: int, name: str):
         from tr.agent.policies import ModelPolicy

@@ -247,17 +247,15 @@ def evaluate_stage(run_dir: pathlib.Path, stage: str, report_config, tasks, *, s
     from tr.agent import evaluation  # pylint: disable=g-import-not-at-top
     from tr.agent.policies import ModelPolicy  # pylint: disable=g-import-not-at-top
     from tr.models.decoder import Decoder  # pylint: disable=g-import-not-at-top
+    from tr.models.weights import assign_params  # pylint: disable=g-import-not-at-top
     from tr.stages import common  # pylint: disable=g-import-not-at-top
     from tr.train.checkpoint import StageStore  # pylint: disable=g-import-not-at-top
 
     model_config, tokenizer, system_prompt = stage_graph(run_dir, stage)
     model = Decoder(model_config, rngs=nnx.Rngs(0))
-    state = nnx.state(model, nnx.Param)
-    target = nnx.to_pure_dict(state)
+    target = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     with StageStore(run_dir, stage, async_save=False) as store:
-        params = store.restore_item("actor_params", target, step=step)
-    nnx.replace_by_pure_dict(state, params)
-    nnx.update(model, state)
+        assign_params(model, store.restore_item("actor_params", target, step=step))
     rc = report_config
     sampler = common.episode_sampler(model, tokenizer,
                                      concurrency=int(rc.concurrency),
