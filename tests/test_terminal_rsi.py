@@ -162,3 +162,29 @@ def test_merge_gives_mean_and_std_per_arm(tmp_path):
                           str(tmp_path / "nope"), "--out", str(tmp_path / "m2")], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "nope" in bad.stderr
+
+
+def test_stage_rollouts_use_the_configured_context():
+    """`rollout.context` reaches the stages' rollouts: the untrained model's 64-token turns fill
+    the context until the harness ends the episode (`context_overflow`), at 512 + 64 tokens under
+    the bucket rule (0) and at 1,024 with `context=1024` (a record's `context_tokens` counts the
+    last observation too: 592-594 and 1,094-1,116 tokens on 2 Dec)."""
+    import ml_collections
+
+    from tr.stages import common, embedded
+
+    models = common.build_models(ml_collections.ConfigDict({"name": embedded.MODEL}),
+                                 tokenizer=embedded.TOKENIZER,
+                                 system_prompt=embedded.SYSTEM_PROMPT)
+    tasks = common.stage_tasks(ml_collections.ConfigDict({"source": "gym", "count": 2, "seed": 0}),
+                               "train")
+    rollout = common.stage_defaults().rollout
+    rollout.update(concurrency=4, max_output_tokens=64, max_turns=12)
+    lengths = {}
+    with common.Actor(models, rollout) as actor:
+        for context in (0, 1024):
+            actor.config.context = context
+            records, _ = actor.rollouts(tasks, seed=0, group_size=2)
+            assert {r.status.value for r in records} == {"context_overflow"}, context
+            lengths[context] = [r.context_tokens for r in records]
+    assert max(lengths[0]) < 800 < min(lengths[1024]), lengths

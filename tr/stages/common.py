@@ -67,6 +67,10 @@ def stage_defaults() -> ml_collections.ConfigDict:
             # active summarisation: 0 = off (as Base's evaluation), -1 = the policy's threshold
             # (fits the sampler's buckets: 256 tokens at a 1,024-token context), > 0 = this many
             "summarise_at_tokens": 0,
+            # an episode's whole context (prompt + output tokens): 0 = the sampler's bucket rule
+            # (512 + 64 at the gym model's 1,024), > 0 = this many, up to the model's max_seq_len
+            # (`ModelPolicy.budgets(context=)`)
+            "context": 0,
         },
         "arrays": {"rows": 16, "length": 1024},
         # wall_time_s: an evaluation episode's wall-clock cap, far above need, so a loaded machine
@@ -350,7 +354,8 @@ class Actor:
         extra = {} if summarise < 0 else {"summarise_at_tokens": summarise or None}
         if wall_time_s:      # else the task's own agent timeout
             extra["wall_time_s"] = float(wall_time_s)
-        budgets = policy.budgets(int(cfg.max_output_tokens), max_turns=int(cfg.max_turns), **extra)
+        budgets = policy.budgets(int(cfg.max_output_tokens), max_turns=int(cfg.max_turns),
+                                 context=int(cfg.get("context", 0)), **extra)
         specs = group_specs(tasks, group_size, seed=seed, prefix=prefix)
         out = run_rollouts(specs, policy, policy.layout,
                            RolloutConfig(backend=cfg.backend, concurrency=int(cfg.concurrency),

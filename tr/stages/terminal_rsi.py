@@ -265,7 +265,7 @@ def evaluate_stage(run_dir: pathlib.Path, stage: str, report_config, tasks, *, s
     # turns and tokens end the episodes; the wall-clock cap is far above need (a loaded machine
     # never changes an evaluation)
     budgets = policy.budgets(int(rc.max_output_tokens), max_turns=int(rc.max_turns),
-                             summarise_at_tokens=None,
+                             context=int(rc.get("context", 0)), summarise_at_tokens=None,
                              wall_time_s=float(rc.get("wall_time_s", 1800.0)))
     t0 = time.monotonic()
     try:
