@@ -98,7 +98,7 @@ def get_config(variant: str = "default"):
     # RPR's actor lr: 3e-4 (the Base SFT's tenth) moved the tiny actor off its Base in a few
     # updates of 16 episodes (rollout pass 0.19 -> 0.00-0.06 under FDR, val down); 3e-5 over
     # 32-episode batches (16 tasks x 2) keeps each step small and its gradient less noisy
-    actor_lr = 3e-5
+    actor_lr = 1e-4
     config.stage_defaults = ml_collections.ConfigDict({
         "model": {"name": "", "overrides": {}},   # "" = the actor parent's (Base: the embedded gym model)
         # A fresh critic (the warm-up's; each RPR phase's in the ablation's `reset` arms) starts from
@@ -106,8 +106,10 @@ def get_config(variant: str = "default"):
         # ~0.005 after 32 warm-up updates (1 Dec).
         "critic_init": "actor",
         "tasks": {"source": "gym", "count": 0, "seed": 0},
+        # context: the gym model's whole 1,024 tokens (at the bucket rule's 512 + 64, 15-20 of
+        # each 32 training episodes ended in context_overflow before the verifier, 1 Dec)
         "rollout": {"concurrency": 16, "tasks_per_iteration": 16, "group_size": 2,
-                    "oversample": 0, "max_output_tokens": 64, "max_turns": 5},
+                    "oversample": 0, "max_output_tokens": 64, "max_turns": 5, "context": 1024},
         "arrays": {"rows": 32, "length": 1024},   # a summarised episode takes 2+ rows
         "eval": {"count": 24, "every": 2, "k": 1},
         "train": {"actor": {"optimizer": {"learning_rate": actor_lr}},
@@ -116,24 +118,27 @@ def get_config(variant: str = "default"):
                           "gamma_turn": 1.0, "lam_turn": 1.0},
                   "logprob_chunk_size": 1024},
     })
-    calibration, it1, it2 = 2, 6, 6
-    # The critic warm-up: 64 tasks x 2 episodes in 4 batches, 8 epochs of 2 mini-batches on each
-    # (64 critic updates; with 4 updates its EV only reached 0.06 on 1 Dec).
+    # The 15-minute budget on 2 cores (issue 14): RSR over 32 tasks x 4, every accepted replay
+    # kept (2 per task); a 32-task warm-up (2 batches, 8 epochs of 2 mini-batches: 32 critic
+    # updates); RPR one calibration batch then 4 PPO batches of 32 episodes.
+    calibration, it1, it2 = 1, 4, 4
     config.stages = stage_entries(calibration=calibration, rpr1_iterations=it1,
                                   rpr2_iterations=it2, rpr2_lr=actor_lr / 5,
-                                  base=_base_entry(variant), warmup_tasks=64, warmup_epochs=8)
+                                  base=_base_entry(variant), warmup_tasks=32, warmup_epochs=8,
+                                  rsr={"tasks": 32, "explore_k": 4, "replay_m": 2, "per_task": 2})
     # The report: a test evaluation (Mean@k, Pass@1 by family and tier) of each stage's retained
     # actor; which pipeline stage stands for which report row.
     config.report = ml_collections.ConfigDict({
         "stages": {"base": "base", "rsr1": "rsr1", "rpr1": "rpr1", "rsr2": "rsr2", "rpr2": "rpr2"},
         "split": "test", "k": 3, "count": 64, "temperature": 0.6, "top_p": 0.95,
-        "max_turns": 5, "max_output_tokens": 64, "concurrency": 16, "plots": True,
+        "max_turns": 5, "max_output_tokens": 64, "context": 1024, "concurrency": 16,
+        "plots": True,
     })
     config.ablation = ml_collections.ConfigDict({"cell": ""})   # one of ARMS ("" = none)
 
     if variant == "quick":
         config.stage_defaults.rollout.update(concurrency=4, tasks_per_iteration=4, group_size=1,
-                                             max_output_tokens=24, max_turns=2)
+                                             max_output_tokens=24, max_turns=2, context=0)
         config.stage_defaults.arrays.update(rows=4, length=512)
         config.stage_defaults.eval.update(count=4, every=0)
         config.stage_defaults.train.ppo.update(mini_batches=1)
@@ -142,7 +147,8 @@ def get_config(variant: str = "default"):
                                       warmup_tasks=4, profile_tasks=4,
                                       rsr={"tasks": 4, "explore_k": 2, "replay_m": 1,
                                            "epochs": 1, "batch": 4})
-        config.report.update(count=4, k=3, max_turns=2, max_output_tokens=24, concurrency=4)
+        config.report.update(count=4, k=3, max_turns=2, max_output_tokens=24, context=0,
+                             concurrency=4)
     elif variant == "direct_ppo":
         # RPR straight from Base, fresh critic (no warm-up, no RSR), the calibration and PPO
         # iterations of RPR-1 + RPR-2; the report's `rpr2` row is that stage.
@@ -161,7 +167,7 @@ def _paper(config) -> None:
     d.model = {"name": "qwen3-27b", "overrides": {}}
     d.tasks = {"source": "suite", "suite": "/data/terminal-bench/tasks", "count": 0, "seed": 0}
     d.rollout.update(concurrency=288, tasks_per_iteration=256, group_size=1, oversample=32,
-                     max_output_tokens=8192, max_turns=64)
+                     max_output_tokens=8192, max_turns=64, context=0)
     d.arrays.update(rows=512, length=32768)
     d.eval.update(count=0, every=1, k=3)
     d.train.actor.optimizer.learning_rate = 5e-7
@@ -171,7 +177,7 @@ def _paper(config) -> None:
                                   rpr2_lr=1e-7, base=_base_entry("paper"), warmup_tasks=0,
                                   profile_tasks=0, rsr={"tasks": 0, "explore_k": 4, "replay_m": 4})
     config.report.update(count=0, k=3, temperature=0.6, top_p=0.95, max_output_tokens=8192,
-                         max_turns=64, concurrency=64)
+                         max_turns=64, context=0, concurrency=64)
     config.paper = ml_collections.ConfigDict({
         "batch": 256, "oversampled": 288, "actor_lr": 5e-7, "actor_lr_rpr2": 1e-7,
         "critic_lr": 1.5e-5, "eps_low": 0.30, "eps_high": 5.00, "eps_value": 4.00,
