@@ -267,3 +267,42 @@ def test_sigterm_discards_the_persisted_snapshots(tmp_path):
             proc.wait()
     assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
     assert not list(state.glob("snapshots/*"))
+
+
+def test_a_policy_samples_by_its_seed_not_by_what_ran_before():
+    """An arm's evaluation samples the same tokens and log-probs whatever the process did before
+    (earlier policies, a fresh process): the policy seed is the one asked for. (A count of earlier
+    policies in the seed made a resumed run or a lone re-evaluation sample other tokens.)"""
+    from flax import nnx
+
+    from tr.agent.harness import GenerationRequest
+    from tr.models.decoder import Decoder
+    from tr.stages import embedded
+
+    model = embedded.load_init(Decoder(embedded.model_config(), rngs=nnx.Rngs(0)), embedded.INIT)
+    tokenizer = embedded.load_tokenizer()
+    prompt = tuple(tokenizer.encode(embedded.SYSTEM_PROMPT + "\nCreate /app/out.txt holding 42."))
+    request = GenerationRequest(messages=(), prompt_tokens=prompt, max_tokens=24,
+                                episode_id="eval-sft-0", seed=3)
+
+    def evaluate(actor):
+        policy = actor.policy(temperature=1.0, top_p=1.0, seed=0, name="sft")   # the init: flat enough
+        g = policy.submit(request).result(timeout=600)
+        policy.end_episode(request.episode_id)
+        return g.tokens, g.logprobs, policy.seed
+
+    first = reterm.Actor(model, tokenizer, concurrency=4, max_output_tokens=24)
+    try:
+        before = evaluate(first)
+        for step in range(3):   # other work in the process: val evaluations, rollouts
+            first.policy(temperature=1.0, top_p=1.0, seed=step, name="val")
+        after = evaluate(first)
+    finally:
+        first.sampler.close()
+    fresh = reterm.Actor(model, tokenizer, concurrency=4, max_output_tokens=24)
+    try:
+        again = evaluate(fresh)
+    finally:
+        fresh.sampler.close()
+    assert before[:2] == after[:2] == again[:2]     # the samples (old: other tokens after other work)
+    assert before[2] == after[2] == again[2] == 0
