@@ -29,11 +29,17 @@ def test_quick_runs_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_quick_run(tmp_path / "run", state)
     # killed after update 1 of reterm_grpo: the rerun skips the finished stages and resumes it
+    arms = json.loads((tmp_path / "run" / "arms.json").read_text())
     before = simulate_kill(tmp_path / "run", "reterm_grpo", keep_step=1)
     proc = subprocess.run(proc.args, cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_resumed(tmp_path / "run", state, before)
+    # the finished arms, evaluated again in the new process after other work (no stage re-run),
+    # give the same episodes: an evaluation's samples depend on its seed only
+    again = json.loads((tmp_path / "run" / "arms.json").read_text())
+    for arm in ("base", "sft", "grpo"):
+        assert again[arm] == arms[arm], arm
 
 
 def simulate_kill(run: pathlib.Path, stage: str, *, keep_step: int) -> dict:
