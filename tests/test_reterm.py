@@ -29,11 +29,17 @@ def test_quick_runs_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_quick_run(tmp_path / "run", state)
     # killed after update 1 of reterm_grpo: the rerun skips the finished stages and resumes it
+    arms = json.loads((tmp_path / "run" / "arms.json").read_text())
     before = simulate_kill(tmp_path / "run", "reterm_grpo", keep_step=1)
     proc = subprocess.run(proc.args, cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_resumed(tmp_path / "run", state, before)
+    # the finished arms, evaluated again in the new process after other work (no stage re-run),
+    # give the same episodes: an evaluation's samples depend on its seed only
+    again = json.loads((tmp_path / "run" / "arms.json").read_text())
+    for arm in ("base", "sft", "grpo"):
+        assert again[arm] == arms[arm], arm
 
 
 def simulate_kill(run: pathlib.Path, stage: str, *, keep_step: int) -> dict:
@@ -267,3 +273,42 @@ def test_sigterm_discards_the_persisted_snapshots(tmp_path):
             proc.wait()
     assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
     assert not list(state.glob("snapshots/*"))
+
+
+def test_a_policy_samples_by_its_seed_not_by_what_ran_before():
+    """An arm's evaluation samples the same tokens and log-probs whatever the process did before
+    (earlier policies, a fresh process): the policy seed is the one asked for. (A count of earlier
+    policies in the seed made a resumed run or a lone re-evaluation sample other tokens.)"""
+    from flax import nnx
+
+    from tr.agent.harness import GenerationRequest
+    from tr.models.decoder import Decoder
+    from tr.stages import embedded
+
+    model = embedded.load_init(Decoder(embedded.model_config(), rngs=nnx.Rngs(0)), embedded.INIT)
+    tokenizer = embedded.load_tokenizer()
+    prompt = tuple(tokenizer.encode(embedded.SYSTEM_PROMPT + "\nCreate /app/out.txt holding 42."))
+    request = GenerationRequest(messages=(), prompt_tokens=prompt, max_tokens=24,
+                                episode_id="eval-sft-0", seed=3)
+
+    def evaluate(actor):
+        policy = actor.policy(temperature=1.0, top_p=1.0, seed=0, name="sft")   # the init: flat enough
+        g = policy.submit(request).result(timeout=600)
+        policy.end_episode(request.episode_id)
+        return g.tokens, g.logprobs, policy.seed
+
+    first = reterm.Actor(model, tokenizer, concurrency=4, max_output_tokens=24)
+    try:
+        before = evaluate(first)
+        for step in range(3):   # other work in the process: val evaluations, rollouts
+            first.policy(temperature=1.0, top_p=1.0, seed=step, name="val")
+        after = evaluate(first)
+    finally:
+        first.sampler.close()
+    fresh = reterm.Actor(model, tokenizer, concurrency=4, max_output_tokens=24)
+    try:
+        again = evaluate(fresh)
+    finally:
+        fresh.sampler.close()
+    assert before[:2] == after[:2] == again[:2]     # the samples (old: other tokens after other work)
+    assert before[2] == after[2] == again[2] == 0

@@ -256,3 +256,46 @@ def test_sharded_sampler_matches_one_device(model, sampler):
     assert [c.token_ids for c in outs] == [c.token_ids for c in single]
     for a, b in zip(outs, single):
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+
+
+def test_batch_invariant_samples_are_bit_identical_whatever_else_runs(model):
+    """`batch_invariant=True` (the stages' sampler): an episode's tokens, log-probs and raw log-probs
+    are bit-identical served alone, beside other episodes (other rows, other lengths, another row
+    for itself), after another sampler compiled and ran in the process, and after `update_weights`
+    (same weights). At a fixed row count only: the row count is part of the compiled decode."""
+    params = SamplingParams(temperature=0.6, top_p=0.95, max_new_tokens=12, seed=4)
+    rng = np.random.default_rng(11)
+    prompts = {e: rng.integers(1, 256, int(rng.integers(10, 90))).tolist() for e in "xabc"}
+    obs = {e: [rng.integers(1, 256, 9).tolist() for _ in range(3)] for e in prompts}
+
+    def run(s, others=""):
+        hist, out = {e: list(prompts[e]) for e in others + "x"}, []
+        for turn in range(3):
+            futs = {e: s.submit(h, params, episode_id=e, salt=turn) for e, h in hist.items()}  # x last
+            for e, f in futs.items():
+                c = f.result(timeout=900)
+                if e == "x":
+                    out.append((c.token_ids, c.logprobs, c.raw_logprobs))
+                hist[e] = hist[e] + c.token_ids + obs[e][turn]
+        for e in hist:
+            s.end_episode(e)
+        return out
+
+    kw = dict(max_new_tokens=16, min_capacity=128, prefill_chunk=32, decode_steps=4, attention_block=32,
+              batch_invariant=True)
+    s = EpisodeSampler(model, slots=4, **kw)
+    try:
+        alone = run(s)
+        assert sum(len(ids) for ids, _, _ in alone) > 12
+        assert run(s, "abc") == alone          # beside three episodes, x in the last row
+        assert run(s, "b") == alone
+        other = EpisodeSampler(model, slots=2, **{**kw, "max_new_tokens": 32, "prefill_chunk": 64})
+        try:
+            run(other, "a")                      # another sampler's compiles and runs
+        finally:
+            other.close()
+        assert run(s) == alone
+        s.update_weights(model)
+        assert run(s, "c") == alone
+    finally:
+        s.close()

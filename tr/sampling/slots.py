@@ -46,7 +46,13 @@ compiled piece constrains its outputs so, and the arrays are created split.
 salt)` and token `t` uses `fold_in(that, t)`, so samples do not depend on which rows share a call.
 `Completion.logprobs` are under the distribution sampled from, `raw_logprobs` the model's.  With
 `batch_invariant=True` prefill takes one row per call, so a request's tokens and log-probs are
-bit-identical whatever else is in flight (decode always runs every row: its shapes are fixed).
+bit-identical whatever else is in flight (decode always runs every row: its shapes are fixed):
+alone or beside other episodes, in any row, after other samplers compiled in the process, after
+`update_weights` (tests/test_slots.py), and in a fresh process. The row count `slots` is part of
+the compiled decode, though: XLA CPU accumulates some row reductions in another order for larger
+batches (e.g. a mean over 128 features: bit-equal for 1..16 rows, not for 32), so the same request
+on 32 or 64 rows gets log-probs up to ~2e-6 away from 16 rows (the gym model; 17 rows were
+identical), which can flip a sample that sits on a category boundary.
 """
 
 from __future__ import annotations

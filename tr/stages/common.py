@@ -295,7 +295,9 @@ def episode_sampler(model, tokenizer, *, concurrency: int, max_new_tokens: int):
     row's cache and
     batch-invariant prefill, so a request's tokens and log-probs depend only on the parameters,
     its prompt and its key (seed, episode id, turn): rollouts and evaluations are the same at any
-    concurrency and any timing of the sandboxes, and compiles do not follow the row count."""
+    concurrency up to `MIN_SLOTS` and any timing of the sandboxes, and compiles do not follow the
+    row count. Above `MIN_SLOTS` the row count follows the concurrency, and with it the float
+    rounding of the decode (log-probs ~1e-6 apart at 32 rows; `tr.sampling.slots`)."""
     from tr.sampling.slots import EpisodeSampler  # pylint: disable=g-import-not-at-top
 
     cache_len = model.config.max_seq_len

@@ -174,7 +174,10 @@ def teacher_thoughts(kind: str) -> tuple[str, str, str]:
 
 class Actor:
     """The runtime's sampler (`common.episode_sampler`: episode caches across turns, continuous
-    batching, batch-invariant) and the policies over it; parameters are swapped in place."""
+    batching, batch-invariant) and the policies over it; parameters are swapped in place.
+    A policy's sampling seed is the `seed` it is asked for, nothing of the process's history (a
+    count of earlier policies made an arm's evaluation depend on what ran before it in the process:
+    a resumed run or a lone re-evaluation sampled other tokens)."""
 
     def __init__(self, model, tokenizer, *, concurrency: int, max_output_tokens: int):
         from tr.stages.common import episode_sampler
@@ -183,7 +186,6 @@ class Actor:
         self.sampler = episode_sampler(model, tokenizer,
                                        concurrency=concurrency,
                                        max_new_tokens=max_output_tokens)
-        self.calls = 0
 
     def set_params(self, params) -> None:
         from tr.models.weights import assign_params
@@ -193,9 +195,8 @@ class Actor:
     def policy(self, *, temperature: float, top_p: float, seed: int, name: str):
         from tr.agent.policies import ModelPolicy
 
-        self.calls += 1
         return ModelPolicy(self.sampler, self.tokenizer, temperature=temperature, top_p=top_p,
-                           seed=seed * 1000 + self.calls, name=name)
+                           seed=seed, name=name)
 
 
 @dataclasses.dataclass
