@@ -437,7 +437,9 @@ def explained_variance(
     """``EV = 1 − Var(G − V) / Var(G)`` over the masked positions (population variances).
 
     1 is a perfect critic, 0 a constant baseline, negative worse than a constant. NaN when fewer
-    than one masked position or ``Var(G) = 0``.
+    than one masked position or ``Var(G) = 0`` up to float32 rounding: ``Var(G) ≤ (16 ε)² ·
+    (mean G² + mean V²)``, so equal returns rebuilt as ``A + V`` (TB-GAE with λ = 1 on a batch
+    without a success) give NaN, not the −10¹³ their rounding noise did.
     """
     chex.assert_equal_shape([returns, values, mask])
     mask = jnp.asarray(mask, bool)
@@ -448,6 +450,13 @@ def explained_variance(
         mean = jnp.sum(jnp.where(mask, x, 0.0)) / count
         return jnp.sum(jnp.where(mask, jnp.square(x - mean), 0.0)) / count
 
+    def masked_mean_square(x):
+        return jnp.sum(jnp.where(mask, jnp.square(jnp.asarray(x, jnp.float32)), 0.0)) / count
+
     var_returns = masked_var(returns)
-    # Var(G) = 0 (every return equal, e.g. a batch with no success): EV is undefined, not -inf.
-    return jnp.where(var_returns > 0, 1.0 - masked_var(returns - values) / var_returns, jnp.nan)
+    # Var(G) = 0 (every return equal, e.g. a batch with no success): EV is undefined, not -inf;
+    # "equal" up to the rounding of G = A + V, whose noise scales with |G| and |V|.
+    noise = (16 * jnp.finfo(jnp.float32).eps) ** 2 * (masked_mean_square(returns)
+                                                      + masked_mean_square(values))
+    return jnp.where(var_returns > noise, 1.0 - masked_var(returns - values) / var_returns,
+                     jnp.nan)
