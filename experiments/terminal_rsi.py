@@ -17,7 +17,7 @@ Any stage resumes after a kill; a finished stage is not re-run; the test evaluat
 per stage (`report-evals/<stage>/eval.json`).  Outputs: report.json, report.md, plots/*.png.
 
 Variants
-  default     the gym and the embedded model on CPU (the main job, budgeted at 15 min on 2 cores)
+  default     the gym and the embedded model on CPU (the main job: ~35 min alone on 2 cores)
   quick       the same loop at test size (<= 2 min; the tests run it)
   paper       the seed's Table 1 setup (qwen3-27b, a task directory, batch 256/288, ...): loads and
               validates (`--config.validate_only=True` is implied), cannot run here
