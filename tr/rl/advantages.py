@@ -439,7 +439,7 @@ def explained_variance(
     1 is a perfect critic, 0 a constant baseline, negative worse than a constant. NaN when fewer
     than one masked position or ``Var(G) = 0`` up to float32 rounding: ``Var(G) ≤ (16 ε)² ·
     (mean G² + mean V²)``, so equal returns rebuilt as ``A + V`` (TB-GAE with λ = 1 on a batch
-    without a success) give NaN, not the −10¹³ their rounding noise did.
+    without a success) give NaN rather than a huge negative EV from their rounding noise.
     """
     chex.assert_equal_shape([returns, values, mask])
     mask = jnp.asarray(mask, bool)

@@ -175,9 +175,8 @@ def teacher_thoughts(kind: str) -> tuple[str, str, str]:
 class Actor:
     """The runtime's sampler (`common.episode_sampler`: episode caches across turns, continuous
     batching, batch-invariant) and the policies over it; parameters are swapped in place.
-    A policy's sampling seed is the `seed` it is asked for, nothing of the process's history (a
-    count of earlier policies made an arm's evaluation depend on what ran before it in the process:
-    a resumed run or a lone re-evaluation sampled other tokens)."""
+    A policy's sampling seed is the `seed` it is asked for, nothing of the process's history, so an
+    arm's evaluation samples the same in a resumed run or a lone re-evaluation."""
 
     def __init__(self, model, tokenizer, *, concurrency: int, max_output_tokens: int):
         from tr.stages.common import episode_sampler
