@@ -72,7 +72,10 @@ def stage_defaults() -> ml_collections.ConfigDict:
             # (`ModelPolicy.budgets(context=)`)
             "context": 0,
         },
-        "arrays": {"rows": 16, "length": 1024},
+        # pack_multiple: 0 = one context window per row (padded to `length`); m > 0 = windows
+        # packed several to a row into the fewest rows, a multiple of m, that hold them
+        # (`training_arrays`); m must divide `rows` and be a multiple of train.ppo.mini_batches
+        "arrays": {"rows": 16, "length": 1024, "pack_multiple": 0},
         # wall_time_s: an evaluation episode's wall-clock cap, far above need, so a loaded machine
         # never changes an evaluation (turns and tokens end the episodes; 0 = the task's own)
         "eval": {"every": 1, "k": 1, "count": 0, "temperature": 0.6, "top_p": 0.95,
@@ -446,8 +449,16 @@ def episode_rewards(records: Sequence[EpisodeRecord], kind: str, scales: dict | 
 
 
 def training_arrays(records: Sequence[EpisodeRecord], rewards: Sequence[float], *, rows: int,
-                    length: int, num_windows: int = 1) -> tuple[dict[str, np.ndarray], dict]:
+                    length: int, num_windows: int = 1, pack_multiple: int = 0
+                    ) -> tuple[dict[str, np.ndarray], dict]:
     """`[rows, length]` SPEC §2 arrays of the counted records, one context window per row.
+
+    With `pack_multiple = m > 0` the windows are packed several to a row (`pack_sequences`: first-
+    fit decreasing, `segment_ids` and `positions` per window) and the batch has the fewest rows,
+    a multiple of m, that hold them (at most `rows`): the same tokens, masks and targets in fewer
+    rows, so an update costs what the tokens cost, not what the padding costs. Token-mean losses
+    and the advantage recursion (cut at each window's done) do not change; at most `rows / m`
+    batch shapes compile. Packing needs one window per episode (`num_windows = 1`).
 
     With `num_windows > 1` an episode split by summarisation keeps its reward and done on its last
     window only and its rows are linked (`window_ids`, `next_window_row`) so TB-GAE is carried
@@ -455,8 +466,11 @@ def training_arrays(records: Sequence[EpisodeRecord], rewards: Sequence[float], 
     data are padding (all masks false). Too many rows, a window longer than `length`, or more
     windows than `num_windows` raise, naming the config field.
     """
-    from tr.agent.records import pad_sequences  # pylint: disable=g-import-not-at-top
+    from tr.agent.records import pack_sequences, pad_sequences  # pylint: disable=g-import-not-at-top
 
+    if pack_multiple and (num_windows > 1 or rows % pack_multiple):
+        raise ConfigError(f"arrays.pack_multiple={pack_multiple} needs train.ppo.num_windows = 1 "
+                          f"(got {num_windows}) and divides arrays.rows={rows}")
     seqs, window_ids, next_row, stats = [], [], [], {"truncated_rows": 0}
     for record, reward in zip(records, rewards):
         if not record.status.counts:
@@ -481,13 +495,23 @@ def training_arrays(records: Sequence[EpisodeRecord], rewards: Sequence[float], 
     if too_long:
         raise ConfigError(f"a context window of {max(too_long)} tokens does not fit "
                           f"arrays.length={length}")
-    batch = pad_sequences(seqs, length) if seqs else pad_sequences([], length)
-    pad = rows - len(seqs)
-    batch = {k: np.concatenate([v, np.zeros((pad, length), v.dtype)]) for k, v in batch.items()}
-    batch["window_ids"] = np.asarray(window_ids + [0] * pad, np.int32)
-    batch["next_window_row"] = np.asarray(next_row + [-1] * pad, np.int32)
-    stats.update(windows=len(seqs), action_tokens=int(batch["actor_mask"].sum()),
-                 tokens=int(sum(len(s["tokens"]) for s in seqs)))
+    if pack_multiple:
+        _, where = pack_sequences(seqs, length)
+        needed = int(where.max()) + 1 if len(seqs) else 1
+        packed_rows = min(rows, -(-needed // pack_multiple) * pack_multiple)
+        batch, _ = pack_sequences(seqs, length, rows=packed_rows)
+        batch["window_ids"] = np.zeros(packed_rows, np.int32)
+        batch["next_window_row"] = np.full(packed_rows, -1, np.int32)
+    else:
+        batch = pad_sequences(seqs, length) if seqs else pad_sequences([], length)
+        pad = rows - len(seqs)
+        batch = {k: np.concatenate([v, np.zeros((pad, length), v.dtype)]) for k, v in batch.items()}
+        batch["window_ids"] = np.asarray(window_ids + [0] * pad, np.int32)
+        batch["next_window_row"] = np.asarray(next_row + [-1] * pad, np.int32)
+    tokens = int(sum(len(s["tokens"]) for s in seqs))
+    stats.update(windows=len(seqs), action_tokens=int(batch["actor_mask"].sum()), tokens=tokens,
+                 rows=int(batch["tokens"].shape[0]),
+                 fill=round(tokens / batch["tokens"].size, 4))
     return batch, stats
 
 

@@ -114,6 +114,10 @@ class EvalLog:
 def train_loop(parts: LoopParts, state: TrainState, store, phases: Sequence[Phase]) -> TrainState:
     """Runs the iterations of `phases` not yet in the checkpoint `state` came from."""
     config, actor = parts.config, parts.actor
+    pack, mini_batches = int(config.arrays.get("pack_multiple", 0)), int(config.train.ppo.mini_batches)
+    if pack % mini_batches:
+        raise common.ConfigError(f"stage {config.name!r}: arrays.pack_multiple={pack} is not a "
+                                 f"multiple of train.ppo.mini_batches={mini_batches}")
     schedule = [phase for phase in phases for _ in range(phase.iterations)]
     done = iterations_done(phases, int(jax.device_get(state.step)))
     log = common.MetricsLog(parts.stage_dir / "metrics.jsonl")
@@ -154,7 +158,8 @@ def train_loop(parts: LoopParts, state: TrainState, store, phases: Sequence[Phas
         rewards = parts.rewards(records)
         batch, array_stats = common.training_arrays(
             records, rewards, rows=int(config.arrays.rows), length=int(config.arrays.length),
-            num_windows=int(config.train.ppo.num_windows))
+            num_windows=int(config.train.ppo.num_windows),
+            pack_multiple=int(config.arrays.get("pack_multiple", 0)))
         batch = {k: jax.numpy.asarray(v) for k, v in batch.items()}
         prepared = {**batch, **parts.targets(state, batch)}
         state, history = phase.update(state, prepared, seed)
