@@ -70,6 +70,13 @@ def test_quick_runs_end_to_end_and_writes_the_report(quick_run):
     for stage in ("warmup", "rpr1", "rpr2"):
         updates = [p["update"] for p in ev if p["stage"] == stage]
         assert updates == sorted(updates) and updates[0] == 1
+    # RPR and the warm-up trained on packed rows (arrays.pack_multiple = 2 in `quick`): the
+    # fewest even number of rows that hold each batch, never more than arrays.rows = 4.
+    for stage in ("warmup", "rpr1", "rpr2"):
+        for line in map(json.loads, (workdir / stage / "metrics.jsonl").read_text().splitlines()):
+            arrays = line["arrays"]
+            assert arrays["rows"] in (2, 4) and 0 < arrays["fill"] <= 1, (stage, arrays)
+            assert arrays["tokens"] == round(arrays["fill"] * arrays["rows"] * 512), (stage, arrays)
     # The retained actors were evaluated: episodes on disk, one eval.json per stage.
     for row in report["stages"]:
         assert (workdir / "report-evals" / row["stage"] / "eval.json").is_file()
