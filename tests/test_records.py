@@ -147,3 +147,14 @@ def test_status_counts_excludes_infra_and_cancelled():
     assert EpisodeStatus.INFRA_FAILURE not in counted and EpisodeStatus.CANCELLED not in counted
     assert {EpisodeStatus.TURN_CAP, EpisodeStatus.AGENT_TIMEOUT, EpisodeStatus.CONTEXT_OVERFLOW,
             EpisodeStatus.VERIFIED_PASS, EpisodeStatus.VERIFIED_FAIL} <= counted
+
+
+def test_a_trailing_observation_is_dropped():
+    """A turn-capped episode ends with the observation of its last command: no node and no loss,
+    so the sequence stops at the last action token (it would otherwise exceed the context the
+    policy generated in: 1,042 tokens at a 1,024-token context, seed 1 of the RSI default)."""
+    rec = _record()
+    rec.segments.append(Segment("observation", [50, 51, 52, 53], turn=2))
+    (seq,) = episode_to_sequences(rec, reward=1.0)
+    assert seq["tokens"].tolist() == [10, 11, 12, 20, 21, 30, 31, 32, 40, 41, 42]
+    assert seq["dones"][-1] and seq["actor_mask"][-1] and seq["rewards"][-1] == 1.0

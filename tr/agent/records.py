@@ -209,7 +209,7 @@ def episode_to_sequences(
     the paper gives no value transport across a summary, so each window is scored Monte-Carlo style
     by the episode outcome.  ``logprobs``: behaviour log-probabilities on actor tokens (0 where the
     generator gave none, e.g. a scripted or HTTP teacher), 0 elsewhere.  Windows with no actor
-    token are dropped.
+    token are dropped; a window ends at its last actor token (a trailing observation is dropped).
     """
     bad = set(loss_sources) - set(SEGMENT_SOURCES)
     if bad:
@@ -233,6 +233,12 @@ def episode_to_sequences(
         if not actor_arr.any():
             continue
         last = int(np.flatnonzero(actor_arr)[-1])
+        # What follows the window's last actor token (the observation of a turn-capped episode's
+        # last command) is no node and no loss, and a causal model's values and log-probs before
+        # it do not see it: dropped, so the window is at most the context the policy generated in.
+        end = last + 1
+        tokens, turn_ids, logprobs = tokens[:end], turn_ids[:end], logprobs[:end]
+        actor_arr, loss = actor_arr[:end], loss[:end]
         rewards = np.zeros(len(tokens), np.float32)
         dones = np.zeros(len(tokens), np.bool_)
         rewards[last] = np.float32(reward)
