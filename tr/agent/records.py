@@ -287,13 +287,14 @@ def pad_sequences(
 
 def pack_sequences(
     seqs: Sequence[dict[str, np.ndarray]], length: int, *, rows: int | None = None,
-    pad_id: int = 0,
+    multiple: int = 1, pad_id: int = 0,
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Packs sequences several to a row (first-fit decreasing) into ``[rows, length]`` arrays plus
     ``segment_ids`` (1, 2, ... per sequence in its row, 0 on padding) and ``positions`` (from 0 per
     sequence). Each sequence keeps its own ``dones``, so the advantage recursion stops at its end
-    and the attention mask at its segment. ``rows`` (default: as many as needed) pads with empty
-    rows and raises if the sequences need more. Returns the arrays and each sequence's row."""
+    and the attention mask at its segment. ``rows`` (default: the rows needed, at least one, rounded
+    up to a multiple of ``multiple``) pads with empty rows and raises if the sequences need more.
+    Returns the arrays and each sequence's row."""
     order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]["tokens"]))
     free: list[int] = []                       # free tokens per open row
     where = np.zeros(len(seqs), np.int64)
@@ -307,7 +308,8 @@ def pack_sequences(
         free[row] -= n
         where[i] = row
     needed = len(free)
-    rows = needed if rows is None else rows
+    if rows is None:
+        rows = max(1, -(-needed // multiple)) * multiple
     if needed > rows:
         raise ValueError(f"{len(seqs)} sequences need {needed} packed rows of {length} tokens "
                          f"> rows={rows}")

@@ -496,10 +496,9 @@ def training_arrays(records: Sequence[EpisodeRecord], rewards: Sequence[float], 
         raise ConfigError(f"a context window of {max(too_long)} tokens does not fit "
                           f"arrays.length={length}")
     if pack_multiple:
-        _, where = pack_sequences(seqs, length)
-        needed = int(where.max()) + 1 if len(seqs) else 1
-        packed_rows = min(rows, -(-needed // pack_multiple) * pack_multiple)
-        batch, _ = pack_sequences(seqs, length, rows=packed_rows)
+        # at most `rows`: the windows fit `rows` one to a row, and m divides `rows`
+        batch, _ = pack_sequences(seqs, length, multiple=pack_multiple)
+        packed_rows = batch["tokens"].shape[0]
         batch["window_ids"] = np.zeros(packed_rows, np.int32)
         batch["next_window_row"] = np.full(packed_rows, -1, np.int32)
     else:
