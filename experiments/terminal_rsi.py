@@ -31,16 +31,12 @@ Variants
 
 import ml_collections
 
+# The ablation's factors (issue 14, "Beyond the paper") and its two extra arms.
+from tr.stages.terminal_rsi import ARMS, CELLS, FACTORS  # noqa: F401
 from tr.train import pod
 
 VARIANTS = ("default", "quick", "paper", "direct_ppo", "ablation")
 
-# The ablation's factors (issue 14, "Beyond the paper") and its two extra arms.
-FACTORS = {"estimator": ("tb_gae", "token_gae"), "rewards": ("fdr_spr", "fdr"),
-           "critic": ("inherit", "reset")}
-CELLS = tuple(f"{e}/{r}/{c}" for e in FACTORS["estimator"] for r in FACTORS["rewards"]
-              for c in FACTORS["critic"])
-ARMS = CELLS + ("direct_ppo", "rsr_only")
 
 # The pod form's local smoke run (tests/test_launchers.py): validation only.
 SMOKE_FLAGS = ("--config.validate_only=True",)

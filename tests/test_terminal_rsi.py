@@ -97,6 +97,48 @@ def test_a_second_start_reruns_no_stage(quick_run):
     assert {p: p.stat().st_mtime_ns for p in workdir.glob("report-evals/*/eval.json")} == evals
 
 
+def test_shared_stages_follow_the_factors():
+    assert terminal_rsi.shared_stages("tb_gae/fdr/reset", "tb_gae/fdr_spr/inherit") == [
+        "base", "rsr1", "warmup"]
+    assert terminal_rsi.shared_stages("token_gae/fdr/reset", "tb_gae/fdr/reset") == ["base", "rsr1"]
+    assert terminal_rsi.shared_stages("rsr_only", "tb_gae/fdr/reset") == ["base", "rsr1"]
+    assert terminal_rsi.shared_stages("direct_ppo", "rsr_only") == ["base"]
+    assert terminal_rsi.shared_stages("tb_gae/fdr/reset", "direct_ppo") == ["base"]
+
+
+def test_cells_command_reuses_a_seeds_finished_stages(quick_run, tmp_path):
+    """`cells` runs an arm from the stages an earlier arm of its seed finished: the `rsr_only` arm
+    trains only RSR-2; Base and RSR-1 (and their test evaluations) are the donor's, untouched."""
+    workdir, _ = quick_run
+    donor = tmp_path / "seed-0" / "tb_gae-fdr_spr-inherit"
+    __import__("shutil").copytree(workdir, donor)
+    stamps = {p.relative_to(donor): p.stat().st_mtime_ns
+              for p in donor.glob("*/summary.json")}
+    out = subprocess.run([sys.executable, "-m", "tr.stages.terminal_rsi", "cells", "--seed", "0",
+                          "--root", str(tmp_path), "--variant", "quick", "--cells",
+                          "tb_gae/fdr_spr/inherit", "rsr_only"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=1200)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    arm = tmp_path / "seed-0" / "rsr_only"
+    report = json.loads((arm / "report.json").read_text())
+    assert report["ablation"]["cell"] == "rsr_only"
+    assert [r["name"] for r in report["stages"]] == ["base", "rsr1", "rsr2"]
+    donor_rows = {r["name"]: r for r in json.loads((donor / "report.json").read_text())["stages"]}
+    for row in report["stages"][:2]:
+        assert row["mean_at_k"] == donor_rows[row["name"]]["mean_at_k"]
+    for stage in ("base", "rsr1"):     # copied, not re-run
+        assert (arm / stage / "summary.json").stat().st_mtime_ns == stamps[
+            pathlib.Path(stage) / "summary.json"]
+    assert not (arm / "warmup").exists() and (arm / "rsr2" / "summary.json").exists()
+    assert {p.relative_to(donor): p.stat().st_mtime_ns
+            for p in donor.glob("*/summary.json")} == stamps      # the donor is left alone
+    assert "rsr_only" in (tmp_path / "seed-0" / "ablation.md").read_text()
+    bad = subprocess.run([sys.executable, "-m", "tr.stages.terminal_rsi", "cells", "--seed", "0",
+                          "--root", str(tmp_path), "--cells", "tb_gae/spr/inherit"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "tb_gae/spr/inherit" in bad.stderr
+
+
 def test_paper_variant_loads_and_validates(tmp_path):
     config = experiment.get_config("paper")
     assert config.validate_only

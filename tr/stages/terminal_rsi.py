@@ -15,7 +15,9 @@
 
 `python -m tr.stages.terminal_rsi merge RUN_DIR... --out DIR` merges the report.json of ablation
 runs (one per arm and seed) into ablation.json, ablation.md and ablation.png (mean ± std over seeds
-of each arm's test Mean@k per stage).
+of each arm's test Mean@k per stage).  `python -m tr.stages.terminal_rsi cells --seed S --root DIR
+[--cells ...]` runs arms of one seed one after another in DIR/seed-S/<arm>, each starting from the
+stage folders it shares with an arm of that seed already run (`shared_stages`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ import argparse
 import copy
 import json
 import math
+import os
 import pathlib
+import shutil
+import subprocess
 import statistics
 import sys
 import time
@@ -37,6 +42,9 @@ REPORT_ROWS = ("base", "rsr1", "rpr1", "rsr2", "rpr2")
 EV_STAGES = ("warmup", "rpr1", "rpr2")
 FACTORS = {"estimator": ("tb_gae", "token_gae"), "rewards": ("fdr_spr", "fdr"),
            "critic": ("inherit", "reset")}
+CELLS = tuple(f"{e}/{r}/{c}" for e in FACTORS["estimator"] for r in FACTORS["rewards"]
+              for c in FACTORS["critic"])
+ARMS = CELLS + ("direct_ppo", "rsr_only")          # the factorial's cells and its two extra arms
 
 
 # ------------------------------------------------------------------------------------------------
@@ -697,13 +705,89 @@ def merge(paths: Sequence[str], out: str) -> dict:
     return merged
 
 
+# ------------------------------------------------------------------------------------------------
+# Running the arms of one seed
+
+
+def shared_stages(cell: str, donor: str) -> list[str]:
+    """Stage folders arm `cell` can take from arm `donor`'s finished run of the same seed (pure).
+
+    Every arm's `base` is the same stage; every arm but `direct_ppo` has the same `rsr1` (neither
+    reads the estimator, the rewards or the critic); the factorial cells' `warmup` depends on the
+    estimator only (its critic targets), not on the rewards of RPR-2 or a later reset."""
+    out = ["base"]
+    if "direct_ppo" not in (cell, donor):
+        out.append("rsr1")
+    if "/" in cell and "/" in donor and cell.split("/")[0] == donor.split("/")[0]:
+        out.append("warmup")
+    return out
+
+
+def cell_dirname(cell: str) -> str:
+    return cell.replace("/", "-")
+
+
+def seed_cells(root, seed: int, cells: Sequence[str], *, variant: str = "ablation",
+               python: str = sys.executable, extra: Sequence[str] = ()) -> list[pathlib.Path]:
+    """Runs ablation arms `cells` of `seed` one after another (`experiments/main.py`, `variant` of
+    experiments/terminal_rsi.py with `ablation.cell` set) in ROOT/seed-S/<arm>; an arm with a report.json is skipped, and each new arm first
+    copies the finished stage folders (and their cached test evaluations) it shares with an arm
+    already run (`shared_stages`), so Base and RSR-1 are trained once per seed."""
+    for cell in cells:
+        if cell not in ARMS:
+            raise ConfigError(f"ablation arm {cell!r}: expected one of {ARMS}")
+    folder = pathlib.Path(root) / f"seed-{seed}"
+    folder.mkdir(parents=True, exist_ok=True)
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    done = []
+    for cell in cells:
+        work = folder / cell_dirname(cell)
+        if not (work / "report.json").exists():
+            for donor in ARMS:
+                src = folder / cell_dirname(donor)
+                if donor == cell or not (src / "report.json").exists():
+                    continue
+                for stage in shared_stages(cell, donor):
+                    for sub in (stage, f"report-evals/{stage}"):
+                        if (src / sub).is_dir() and not (work / sub).exists():
+                            shutil.copytree(src / sub, work / sub)
+            print(f"[ablation] seed {seed} arm {cell} -> {work}", flush=True)
+            with open(folder / f"{cell_dirname(cell)}.log", "a", encoding="utf-8") as log:
+                code = subprocess.call(
+                    [python, str(repo / "experiments" / "main.py"),
+                     f"--config={repo / 'experiments' / 'terminal_rsi.py'}:{variant}",
+                     f"--config.ablation.cell={cell}", f"--config.seed={seed}",
+                     f"--workdir={work}", *extra], stdout=log, stderr=subprocess.STDOUT,
+                    cwd=repo, env={**os.environ, "JAX_PLATFORMS": os.environ.get(
+                        "JAX_PLATFORMS", "cpu")})
+            if code != 0:
+                raise RuntimeError(f"ablation arm {cell} seed {seed} exited with {code}; its log: "
+                                   f"{folder / (cell_dirname(cell) + '.log')}")
+        done.append(work)
+    return done
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tr.stages.terminal_rsi")
     sub = parser.add_subparsers(dest="command", required=True)
     m = sub.add_parser("merge", help="merge ablation runs' report.json")
     m.add_argument("runs", nargs="+", help="run directories (or report.json files)")
     m.add_argument("--out", required=True)
+    c = sub.add_parser("cells", help="run ablation arms of one seed, sharing finished stages")
+    c.add_argument("--seed", type=int, required=True)
+    c.add_argument("--root", required=True, help="runs go to ROOT/seed-S/<arm>")
+    c.add_argument("--cells", nargs="*", default=list(ARMS), help=f"arms (default all: {ARMS})")
+    c.add_argument("--variant", default="ablation", help="experiments/terminal_rsi.py variant")
     args = parser.parse_args(argv)
+    if args.command == "cells":
+        try:
+            runs = seed_cells(args.root, args.seed, args.cells, variant=args.variant)
+        except (ConfigError, RuntimeError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        merged = merge([str(r) for r in runs], str(pathlib.Path(args.root) / f"seed-{args.seed}"))
+        print(merge_markdown(merged))
+        return 0
     try:
         merged = merge(args.runs, args.out)
     except ValueError as error:
