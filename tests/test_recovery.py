@@ -465,3 +465,17 @@ def test_capped_recoveries_rows_and_recovery_at_k(world, long_failures):
         (msgs, _), = [v for k, v in watcher.first.items() if f.episode_id in k]
         assert msgs[2] == {"role": "user", "content": history_note(2)} and msgs[-1]["content"] == \
             RECOVERY_PROMPT and msgs[3:-1] == f.messages[-3:]
+
+
+def test_held_out_states_spread_over_the_families():
+    """Recovery@k's fixed states: round-robin over the families that failed (sorted), each
+    family's in order; the rest returned for discarding, nothing lost or repeated."""
+    fams = ["b", "a", "b", "c", "a", "b", "b"]
+    failures = [EpisodeRecord(episode_id=f"e{i}", task_id=f"t{i}", family=f,
+                              status=EpisodeStatus.VERIFIED_FAIL) for i, f in enumerate(fams)]
+    kept, rest = rc.spread_by_family(failures, 5)
+    assert [f.episode_id for f in kept] == ["e1", "e0", "e3", "e4", "e2"]   # a b c a b
+    assert [f.episode_id for f in rest] == ["e5", "e6"]
+    kept, rest = rc.spread_by_family(failures, 99)
+    assert sorted(f.episode_id for f in kept) == [f"e{i}" for i in range(7)] and not rest
+    assert rc.spread_by_family([], 3) == ([], [])

@@ -80,6 +80,25 @@ def collect_failures(policy, tasks: Sequence, attempts: int, layout: ChatLayout,
                       "uncounted": uncounted, "wall_s": out.wall_s}
 
 
+def spread_by_family(failures: Sequence[EpisodeRecord],
+                     n: int) -> tuple[list[EpisodeRecord], list[EpisodeRecord]]:
+    """``(kept, rest)``: ``n`` failures taken round-robin over their families (sorted), each
+    family's in the given order, so a fixed set of states covers every family that failed (the
+    first ``n`` by episode id are the alphabetically first families only)."""
+    by_family: dict[str, list[EpisodeRecord]] = {}
+    for f in failures:
+        by_family.setdefault(f.family, []).append(f)
+    queues = [by_family[k] for k in sorted(by_family)]
+    kept, i = [], 0
+    while len(kept) < n and any(queues):
+        queue = queues[i % len(queues)]
+        if queue:
+            kept.append(queue.pop(0))
+        i += 1
+    chosen = {id(f) for f in kept}
+    return kept, [f for f in failures if id(f) not in chosen]
+
+
 def discard_failures(failures: Sequence[EpisodeRecord]) -> None:
     for rec in failures:
         discard_snapshot_ref(rec.snapshot_ref)

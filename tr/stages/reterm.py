@@ -24,7 +24,8 @@ The `reterm` job (`experiments/reterm.py`) is a config of stages: `base` (stage 
 gym Base SFT, tr/stages/base.py) -> `sft` (reterm_sft) ->
 `grpo` and `reterm_grpo` (both from `sft`) [-> the queue sweep's reterm_grpo stages], then
 
-    heldout      failure states collected once from the Base on `test` (fixed for Recovery@k)
+    heldout      failure states collected once from the Base on `test` (fixed for Recovery@k):
+                 `eval.heldout_states` of them, round-robin over the failed tasks' families
     report       per arm (the stage's retained step): Pass@1 on `test`, Recovery@k on the
                  held-out states (and by rule-based error category), mean turns and generated
                  tokens per episode; dataset counts and rejections per filter; queue counts; reward
@@ -844,8 +845,8 @@ def run(config, workdir):
                     policy, test_tasks, 1, policy.layout,
                     rollout_config(config, policy, rt.system_prompt, snapshot=True),
                     seed=config.seed + 1, prefix="heldout")
-                recovery.discard_failures(heldout[config.eval.heldout_states:])   # the first N kept
-                heldout = heldout[:config.eval.heldout_states]
+                heldout, rest = recovery.spread_by_family(heldout, int(config.eval.heldout_states))
+                recovery.discard_failures(rest)
             results[entry["name"]] = evaluate_arm(rt, load_params(workdir, entry["name"], rt),
                                                   entry["name"], config, test_tasks, heldout, by_id,
                                                   workdir)
