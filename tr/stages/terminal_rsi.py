@@ -29,8 +29,8 @@ import math
 import os
 import pathlib
 import shutil
-import subprocess
 import statistics
+import subprocess
 import sys
 import time
 from typing import Sequence
@@ -730,9 +730,10 @@ def cell_dirname(cell: str) -> str:
 def seed_cells(root, seed: int, cells: Sequence[str], *, variant: str = "ablation",
                python: str = sys.executable, extra: Sequence[str] = ()) -> list[pathlib.Path]:
     """Runs ablation arms `cells` of `seed` one after another (`experiments/main.py`, `variant` of
-    experiments/terminal_rsi.py with `ablation.cell` set) in ROOT/seed-S/<arm>; an arm with a report.json is skipped, and each new arm first
-    copies the finished stage folders (and their cached test evaluations) it shares with an arm
-    already run (`shared_stages`), so Base and RSR-1 are trained once per seed."""
+    experiments/terminal_rsi.py with `ablation.cell` set) in ROOT/seed-S/<arm>.  An arm with a
+    report.json is skipped; each new arm first copies the finished stage folders (and their cached
+    test evaluations) it shares with an arm already run (`shared_stages`), so Base and RSR-1 are
+    trained once per seed.  A copy lands whole or not at all (copied beside, then renamed)."""
     for cell in cells:
         if cell not in ARMS:
             raise ConfigError(f"ablation arm {cell!r}: expected one of {ARMS}")
@@ -750,7 +751,10 @@ def seed_cells(root, seed: int, cells: Sequence[str], *, variant: str = "ablatio
                 for stage in shared_stages(cell, donor):
                     for sub in (stage, f"report-evals/{stage}"):
                         if (src / sub).is_dir() and not (work / sub).exists():
-                            shutil.copytree(src / sub, work / sub)
+                            tmp = (work / sub).with_name(f".{stage}.copy")
+                            shutil.rmtree(tmp, ignore_errors=True)
+                            shutil.copytree(src / sub, tmp)
+                            tmp.rename(work / sub)
             print(f"[ablation] seed {seed} arm {cell} -> {work}", flush=True)
             with open(folder / f"{cell_dirname(cell)}.log", "a", encoding="utf-8") as log:
                 code = subprocess.call(
