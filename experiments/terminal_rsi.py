@@ -24,7 +24,8 @@ Variants
   direct_ppo  RPR from Base with a fresh critic (the paper's baseline), compute-matched to
               RPR-1 + RPR-2
   ablation    the 2^3 factorial: estimator (tb_gae | token_gae) x rewards (fdr_spr | fdr) x critic
-              (inherit | reset); `--config.ablation.cell=tb_gae/fdr_spr/inherit` (or `direct_ppo`,
+              (inherit | reset), both estimators at λ = `ablation.lam` (0.95: at λ = 1 they are the
+              same estimator); `--config.ablation.cell=tb_gae/fdr_spr/inherit` (or `direct_ppo`,
               `rsr_only`) picks the arm, `--config.seed=S` the seed; one run per cell and seed,
               merged by `python -m tr.stages.terminal_rsi merge RUN_DIR... --out DIR`.
 """
@@ -32,7 +33,7 @@ Variants
 import ml_collections
 
 # The ablation's factors (issue 14, "Beyond the paper") and its two extra arms.
-from tr.stages.terminal_rsi import ARMS, CELLS, FACTORS  # noqa: F401
+from tr.stages.terminal_rsi import ARMS, CELLS, FACTORIAL_LAM, FACTORS  # noqa: F401
 from tr.train import pod
 
 VARIANTS = ("default", "quick", "paper", "direct_ppo", "ablation")
@@ -139,7 +140,9 @@ def get_config(variant: str = "default"):
         "max_turns": 5, "max_output_tokens": 64, "context": 1024, "concurrency": 16,
         "plots": True,
     })
-    config.ablation = ml_collections.ConfigDict({"cell": ""})   # one of ARMS ("" = none)
+    # cell: one of ARMS ("" = none); lam: λ of both estimators' clocks in a factorial cell (at
+    # γ = λ = 1 TB-GAE and token GAE coincide, SPEC §2; the default run keeps the paper's λ = 1)
+    config.ablation = ml_collections.ConfigDict({"cell": "", "lam": FACTORIAL_LAM})
 
     if variant == "quick":
         config.stage_defaults.rollout.update(concurrency=4, tasks_per_iteration=4, group_size=1,

@@ -104,6 +104,30 @@ def test_shared_stages_follow_the_factors():
     assert terminal_rsi.shared_stages("rsr_only", "tb_gae/fdr/reset") == ["base", "rsr1"]
     assert terminal_rsi.shared_stages("direct_ppo", "rsr_only") == ["base"]
     assert terminal_rsi.shared_stages("tb_gae/fdr/reset", "direct_ppo") == ["base"]
+    assert terminal_rsi.shared_stages("tb_gae/fdr/reset", "tb_gae/fdr_spr/inherit",
+                                      same_lam=False) == ["base", "rsr1"]
+
+
+def test_ablation_estimators_differ_only_below_unit_lambda():
+    """The factorial's cells set λ on both clocks; at γ = λ = 1 TB-GAE is token GAE (SPEC §2), so
+    a factorial cell at λ = 1 is refused, naming the field; direct_ppo / rsr_only are not affected."""
+    config = experiment.get_config("ablation")
+    assert config.ablation.lam < 1
+    for cell in ("tb_gae/fdr/reset", "token_gae/fdr_spr/inherit"):
+        config.ablation.cell = cell
+        _, shared, _, _ = terminal_rsi.schedule(config)
+        ppo = shared["train"]["ppo"]
+        assert (ppo["estimator"], ppo["lam_turn"], ppo["lam"]) == (cell.split("/")[0], 0.95, 0.95)
+    config.ablation.lam = 1.0
+    with pytest.raises(ConfigError, match="ablation.lam"):
+        terminal_rsi.schedule(config)
+    config.ablation.cell = "direct_ppo"
+    _, shared, _, _ = terminal_rsi.schedule(config)
+    assert shared["train"]["ppo"]["lam_turn"] == 1.0       # the default run's λ
+    # the same cell at two λ: two arms in a merged table; reports from before λ ran at 1
+    info = {"cell": "tb_gae/fdr/reset", "factors": {}}
+    assert terminal_rsi.arm_label({"ablation": info}) == "tb_gae/fdr/reset"
+    assert terminal_rsi.arm_label({"ablation": {**info, "lam": 0.95}}) == "tb_gae/fdr/reset λ=0.95"
 
 
 def test_cells_command_reuses_a_seeds_finished_stages(quick_run, tmp_path):

@@ -45,6 +45,11 @@ FACTORS = {"estimator": ("tb_gae", "token_gae"), "rewards": ("fdr_spr", "fdr"),
 CELLS = tuple(f"{e}/{r}/{c}" for e in FACTORS["estimator"] for r in FACTORS["rewards"]
               for c in FACTORS["critic"])
 ARMS = CELLS + ("direct_ppo", "rsr_only")          # the factorial's cells and its two extra arms
+# λ of both clocks in the factorial's cells (TB-GAE's λ_turn, token GAE's λ; γ stays 1).  At
+# γ = λ = 1 the two estimators are one function (SPEC §2, the unit-clock equivalence): measured,
+# the token_gae/fdr_spr/inherit arm at λ = 1 reproduced tb_gae/fdr_spr/inherit to the last digit
+# of every EV and test score (3 Dec), so the estimator factor needs λ < 1 to compare anything.
+FACTORIAL_LAM = 0.95
 
 
 # ------------------------------------------------------------------------------------------------
@@ -55,10 +60,12 @@ def _plain(tree):
     return tree.to_dict() if hasattr(tree, "to_dict") else copy.deepcopy(tree)
 
 
-def arm_stages(entries: list[dict], report: dict, cell: str) -> tuple[list[dict], dict, dict]:
+def arm_stages(entries: list[dict], report: dict, cell: str,
+               lam: float = FACTORIAL_LAM) -> tuple[list[dict], dict, dict]:
     """The schedule and report rows of ablation arm `cell` (pure; '' = unchanged).
 
-    `E/R/C`: estimator E for every stage; R = `fdr` keeps FDR in RPR-2 (else SPR); C = `reset`
+    `E/R/C`: estimator E for every stage, with λ = `lam` on its clock (TB-GAE's λ_turn, token
+    GAE's λ); R = `fdr` keeps FDR in RPR-2 (else SPR); C = `reset`
     gives RPR-1 and RPR-2 a fresh critic (the warm-up still runs: same rollouts and updates).
     `direct_ppo`: Base then one RPR stage with a fresh critic and FDR, with the calibration and
     PPO iterations of RPR-1 + RPR-2. `rsr_only`: Base, RSR-1, RSR-2 (actor from RSR-1).
@@ -85,7 +92,7 @@ def arm_stages(entries: list[dict], report: dict, cell: str) -> tuple[list[dict]
                           f"estimator/rewards/critic with estimator in {FACTORS['estimator']}, "
                           f"rewards in {FACTORS['rewards']}, critic in {FACTORS['critic']}")
     estimator, rewards, critic = parts
-    shared = {"train": {"ppo": {"estimator": estimator}}}
+    shared = {"train": {"ppo": {"estimator": estimator, "lam_turn": float(lam), "lam": float(lam)}}}
     if rewards == "fdr":
         by_name["rpr2"].setdefault("rpr", {})["reward"] = "fdr"
     if critic == "reset":
@@ -107,8 +114,15 @@ def schedule(config) -> tuple[list[dict], dict, dict, list[dict]]:
     entries = [_plain(e) for e in config.stages]
     report = dict(_plain(config.report.stages))
     cell = str(config.get("ablation", {}).get("cell", "") or "")
-    entries, report, shared_over = arm_stages(entries, report, cell)
+    lam = float(config.get("ablation", {}).get("lam", FACTORIAL_LAM))
+    entries, report, shared_over = arm_stages(entries, report, cell, lam)
     shared = _merge(_plain(config.stage_defaults), shared_over)
+    ppo = shared.get("train", {}).get("ppo", {})
+    if cell in CELLS and lam == 1.0 and ppo.get("gamma_turn", 1.0) == ppo.get("gamma", 1.0) == 1.0:
+        raise ConfigError(f"config.ablation.lam = {lam}: with γ = λ = 1 TB-GAE and token GAE are "
+                          "the same estimator (SPEC §2, unit-clock equivalence), so arm "
+                          f"{cell!r} would compare a function with itself; set λ < 1 "
+                          f"(default {FACTORIAL_LAM})")
     shared["seed"] = int(config.seed)
     for entry in entries:
         entry.pop("seed", None)
@@ -464,7 +478,19 @@ def _ablation_info(config) -> dict | None:
     if not cell:
         return None
     factors = dict(zip(FACTORS, cell.split("/"))) if "/" in cell else {}
-    return {"cell": cell, "factors": factors}
+    info = {"cell": cell, "factors": factors}
+    if factors:
+        info["lam"] = float(config.get("ablation", {}).get("lam", FACTORIAL_LAM))
+    return info
+
+
+def arm_label(report: dict) -> str:
+    """A report's arm in merged tables: its cell, with `λ=…` for a factorial cell whose λ is not
+    1 (reports from before λ was a factor ran at 1 and carry none)."""
+    info = report.get("ablation") or {}
+    cell = info.get("cell") or report.get("variant", "?")
+    lam = info.get("lam", 1.0)
+    return cell if "/" not in cell or lam == 1.0 else f"{cell} λ={lam:g}"
 
 
 def _ev_summary(curve: list[dict]) -> dict:
@@ -647,7 +673,7 @@ def merge_reports(reports: Sequence[dict]) -> dict:
     """Per arm: the seeds and mean ± std (population over seeds) of each row's test Mean@k."""
     arms: dict = {}
     for rep in reports:
-        cell = (rep.get("ablation") or {}).get("cell") or rep.get("variant", "?")
+        cell = arm_label(rep)
         arm = arms.setdefault(cell, {"seeds": [], "rows": {}})
         if rep["seed"] in arm["seeds"]:
             raise ValueError(f"arm {cell!r} has seed {rep['seed']} twice")
@@ -709,16 +735,16 @@ def merge(paths: Sequence[str], out: str) -> dict:
 # Running the arms of one seed
 
 
-def shared_stages(cell: str, donor: str) -> list[str]:
+def shared_stages(cell: str, donor: str, *, same_lam: bool = True) -> list[str]:
     """Stage folders arm `cell` can take from arm `donor`'s finished run of the same seed (pure).
 
     Every arm's `base` is the same stage; every arm but `direct_ppo` has the same `rsr1` (neither
     reads the estimator, the rewards or the critic); the factorial cells' `warmup` depends on the
-    estimator only (its critic targets), not on the rewards of RPR-2 or a later reset."""
+    estimator and its λ only (its critic targets), not on the rewards of RPR-2 or a later reset."""
     out = ["base"]
     if "direct_ppo" not in (cell, donor):
         out.append("rsr1")
-    if "/" in cell and "/" in donor and cell.split("/")[0] == donor.split("/")[0]:
+    if "/" in cell and "/" in donor and cell.split("/")[0] == donor.split("/")[0] and same_lam:
         out.append("warmup")
     return out
 
@@ -728,12 +754,14 @@ def cell_dirname(cell: str) -> str:
 
 
 def seed_cells(root, seed: int, cells: Sequence[str], *, variant: str = "ablation",
-               python: str = sys.executable, extra: Sequence[str] = ()) -> list[pathlib.Path]:
+               lam: float = FACTORIAL_LAM, python: str = sys.executable,
+               extra: Sequence[str] = ()) -> list[pathlib.Path]:
     """Runs ablation arms `cells` of `seed` one after another (`experiments/main.py`, `variant` of
-    experiments/terminal_rsi.py with `ablation.cell` set) in ROOT/seed-S/<arm>.  An arm with a
-    report.json is skipped; each new arm first copies the finished stage folders (and their cached
-    test evaluations) it shares with an arm already run (`shared_stages`), so Base and RSR-1 are
-    trained once per seed.  A copy lands whole or not at all (copied beside, then renamed)."""
+    experiments/terminal_rsi.py with `ablation.cell` and `ablation.lam` set) in ROOT/seed-S/<arm>.
+    An arm with a report.json is skipped; each new arm first copies the finished stage folders
+    (and their cached test evaluations) it shares with an arm already run (`shared_stages`; a
+    warm-up only from a donor of the same λ), so Base and RSR-1 are trained once per seed.  A copy
+    lands whole or not at all (copied beside, then renamed)."""
     for cell in cells:
         if cell not in ARMS:
             raise ConfigError(f"ablation arm {cell!r}: expected one of {ARMS}")
@@ -748,7 +776,9 @@ def seed_cells(root, seed: int, cells: Sequence[str], *, variant: str = "ablatio
                 src = folder / cell_dirname(donor)
                 if donor == cell or not (src / "report.json").exists():
                     continue
-                for stage in shared_stages(cell, donor):
+                donor_info = json.loads((src / "report.json").read_text()).get("ablation") or {}
+                for stage in shared_stages(cell, donor,
+                                           same_lam=donor_info.get("lam", 1.0) == lam):
                     for sub in (stage, f"report-evals/{stage}"):
                         if (src / sub).is_dir() and not (work / sub).exists():
                             tmp = (work / sub).with_name(f".{stage}.copy")
@@ -760,7 +790,8 @@ def seed_cells(root, seed: int, cells: Sequence[str], *, variant: str = "ablatio
                 code = subprocess.call(
                     [python, str(repo / "experiments" / "main.py"),
                      f"--config={repo / 'experiments' / 'terminal_rsi.py'}:{variant}",
-                     f"--config.ablation.cell={cell}", f"--config.seed={seed}",
+                     f"--config.ablation.cell={cell}", f"--config.ablation.lam={lam}",
+                     f"--config.seed={seed}",
                      f"--workdir={work}", *extra], stdout=log, stderr=subprocess.STDOUT,
                     cwd=repo, env={**os.environ, "JAX_PLATFORMS": os.environ.get(
                         "JAX_PLATFORMS", "cpu")})
@@ -782,10 +813,12 @@ def main(argv=None) -> int:
     c.add_argument("--root", required=True, help="runs go to ROOT/seed-S/<arm>")
     c.add_argument("--cells", nargs="*", default=list(ARMS), help=f"arms (default all: {ARMS})")
     c.add_argument("--variant", default="ablation", help="experiments/terminal_rsi.py variant")
+    c.add_argument("--lam", type=float, default=FACTORIAL_LAM,
+                   help="λ of both estimators' clocks in the factorial's cells")
     args = parser.parse_args(argv)
     if args.command == "cells":
         try:
-            runs = seed_cells(args.root, args.seed, args.cells, variant=args.variant)
+            runs = seed_cells(args.root, args.seed, args.cells, variant=args.variant, lam=args.lam)
         except (ConfigError, RuntimeError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
