@@ -7,6 +7,7 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -261,3 +262,58 @@ def test_stage_rollouts_use_the_configured_context():
             assert {r.status.value for r in records} == {"context_overflow"}, context
             lengths[context] = [r.context_tokens for r in records]
     assert max(lengths[0]) < 800 < min(lengths[1024]), lengths
+
+
+def test_factorial_effects_match_differences_of_cell_means(tmp_path):
+    rng = np.random.default_rng(3)
+    y = {(seed, cell): float(rng.uniform(0.1, 0.5)) for seed in (0, 1) for cell in terminal_rsi.CELLS}
+    reports = [{"variant": "ablation", "seed": seed, "ablation": {"cell": cell, "lam": 0.95},
+                "stages": [{"name": "rpr2", "mean_at_k": v}]} for (seed, cell), v in y.items()]
+    # seed 2 lacks a cell: no effect from it; a λ = 1 report and direct_ppo are not in the factorial
+    reports += [{"variant": "ablation", "seed": 2, "ablation": {"cell": cell, "lam": 0.95},
+                 "stages": [{"name": "rpr2", "mean_at_k": 0.9}]} for cell in terminal_rsi.CELLS[:7]]
+    reports += [{"variant": "ablation", "seed": 0, "ablation": {"cell": "tb_gae/fdr/reset"},
+                 "stages": [{"name": "rpr2", "mean_at_k": 0.0}]},
+                {"variant": "ablation", "seed": 0, "ablation": {"cell": "direct_ppo", "lam": 0.95},
+                 "stages": [{"name": "rpr2", "mean_at_k": 0.0}]}]
+    effects = terminal_rsi.factorial_effects(reports)
+    assert list(effects) == ["0.95"]
+    rows = effects["0.95"]["rpr2"]
+
+    def cell_mean(seed, **fixed):  # the obvious way: average of the cells at the given levels
+        pick = [v for (s, cell), v in y.items() if s == seed and all(
+            dict(zip(terminal_rsi.FACTORS, cell.split("/")))[f] == lv for f, lv in fixed.items())]
+        return sum(pick) / len(pick)
+
+    for factor, lo, hi in [("estimator", "tb_gae", "token_gae"), ("rewards", "fdr_spr", "fdr"),
+                           ("critic", "inherit", "reset")]:
+        per_seed = [cell_mean(s, **{factor: hi}) - cell_mean(s, **{factor: lo}) for s in (0, 1)]
+        assert rows[factor]["mean"] == pytest.approx(np.mean(per_seed))
+        assert rows[factor]["std"] == pytest.approx(np.std(per_seed))
+        assert rows[factor]["seeds"] == [0, 1]
+    # estimator x critic: half the change of the estimator's effect from inherit to reset
+    per_seed = []
+    for s in (0, 1):
+        at = {c: cell_mean(s, estimator="token_gae", critic=c) - cell_mean(s, estimator="tb_gae", critic=c)
+              for c in ("inherit", "reset")}
+        per_seed.append((at["reset"] - at["inherit"]) / 2)
+    assert rows["estimator x critic"]["mean"] == pytest.approx(np.mean(per_seed))
+    # the 3-way interaction: half the change of the estimator x rewards interaction across critics
+    per_seed = []
+    for s in (0, 1):
+        def inter(c, s=s):
+            eff = {r: y[(s, f"token_gae/{r}/{c}")] - y[(s, f"tb_gae/{r}/{c}")] for r in ("fdr_spr", "fdr")}
+            return (eff["fdr"] - eff["fdr_spr"]) / 2
+        per_seed.append((inter("reset") - inter("inherit")) / 2)
+    assert rows["estimator x rewards x critic"]["mean"] == pytest.approx(np.mean(per_seed))
+    text = terminal_rsi.merge_markdown({**terminal_rsi.merge_reports(reports), "effects": effects})
+    assert "Factorial effects at λ = 0.95" in text and "| rewards x critic |" in text
+    for i, rep in enumerate(reports):
+        (tmp_path / f"r{i}").mkdir()
+        (tmp_path / f"r{i}" / "report.json").write_text(json.dumps(rep))
+    merged = terminal_rsi.merge([str(tmp_path / f"r{i}") for i in range(len(reports))],
+                                str(tmp_path / "merged"))
+    on_disk = json.loads((tmp_path / "merged" / "ablation.json").read_text())
+    assert on_disk["effects"]["0.95"]["rpr2"]["critic"]["mean"] == pytest.approx(
+        merged["effects"]["0.95"]["rpr2"]["critic"]["mean"])
+    assert (tmp_path / "merged" / "ablation.png").stat().st_size > 1000

@@ -687,6 +687,59 @@ def merge_reports(reports: Sequence[dict]) -> dict:
     return {"arms": dict(sorted(arms.items()))}
 
 
+def factorial_effects(reports: Sequence[dict]) -> dict:
+    """Effects of the 2^3 factorial per λ, on each stage row's test Mean@k (pure).
+
+    With signs s_f(cell) = +1 at a factor's second level (token_gae, fdr, reset) and -1 at its
+    first, an effect over the 8 cells y(cell) of one seed is
+        E = (1/4) sum_cell s(cell) y(cell),   s = s_f (main effect) or s_f s_g (interaction),
+    i.e. mean(y | s = +1) - mean(y | s = -1): a main effect is the second level minus the first
+    averaged over the other two factors; an interaction is half the change of one factor's
+    effect between the other's levels.  Computed per seed that ran all 8 cells at that λ (and
+    row; the rows after RSR-1, where the factors act), then mean ± population std over them."""
+    names = list(FACTORS)
+    # with one seed the 3-way interaction is the usual yardstick of noise in an unreplicated 2^3
+    contrasts = names + [f"{a} x {b}" for i, a in enumerate(names) for b in names[i + 1:]] + [
+        " x ".join(names)]
+    table: dict = {}
+    for rep in reports:
+        info = rep.get("ablation") or {}
+        cell = info.get("cell") or ""
+        if cell not in CELLS:
+            continue
+        lam = float(info.get("lam", 1.0))
+        for row in rep["stages"]:
+            if row["name"] in ("base", "rsr1"):  # before any factor acts: the same in every cell
+                continue
+            table.setdefault(lam, {}).setdefault(rep["seed"], {}).setdefault(
+                row["name"], {})[cell] = row["mean_at_k"]
+    out = {}
+    for lam, seeds in sorted(table.items()):
+        per_row: dict = {}
+        for seed, rows in sorted(seeds.items()):
+            for name, ys in rows.items():
+                if len(ys) < len(CELLS):
+                    continue
+                for contrast in contrasts:
+                    total = 0.0
+                    for cell, y in ys.items():
+                        levels = dict(zip(names, cell.split("/")))
+                        sign = 1.0
+                        for factor in contrast.split(" x "):
+                            sign *= 1.0 if levels[factor] == FACTORS[factor][1] else -1.0
+                        total += sign * y
+                    per_row.setdefault(name, {}).setdefault(contrast, []).append(
+                        (seed, total / (len(CELLS) / 2)))
+        if per_row:
+            out[f"{lam:g}"] = {
+                name: {c: {"mean": statistics.fmean(v for _, v in vals),
+                           "std": statistics.pstdev([v for _, v in vals]) if len(vals) > 1 else 0.0,
+                           "seeds": [s for s, _ in vals]}
+                       for c, vals in effects.items()}
+                for name, effects in per_row.items()}
+    return out
+
+
 def merge_markdown(merged: dict) -> str:
     rows = [r for r in REPORT_ROWS if any(r in a["stats"] for a in merged["arms"].values())]
     out = ["| arm | seeds | " + " | ".join(rows) + " |", "|---" * (len(rows) + 2) + "|"]
@@ -696,7 +749,19 @@ def merge_markdown(merged: dict) -> str:
             s = arm["stats"].get(r)
             cells.append("" if s is None else f"{100 * s['mean']:.1f} ± {100 * s['std']:.1f}")
         out.append(f"| {cell} | {len(arm['seeds'])} | " + " | ".join(cells) + " |")
-    return "test Mean@k (%), mean ± std over seeds\n\n" + "\n".join(out) + "\n"
+    text = "test Mean@k (%), mean ± std over seeds\n\n" + "\n".join(out) + "\n"
+    for lam, rows_ in merged.get("effects", {}).items():
+        names = [r for r in REPORT_ROWS if r in rows_]
+        contrasts = list(rows_[names[0]])
+        seeds = rows_[names[0]][contrasts[0]]["seeds"]
+        text += (f"\nFactorial effects at λ = {lam} (points of test Mean@k; second level minus first: "
+                 f"{', '.join(f'{f} {b} - {a}' for f, (a, b) in FACTORS.items())}; mean ± std over "
+                 f"seeds {seeds})\n\n| effect | " + " | ".join(names) + " |\n" + "|---" * (len(names) + 1)
+                 + "|\n")
+        for c in contrasts:
+            text += f"| {c} | " + " | ".join(
+                f"{100 * rows_[n][c]['mean']:+.1f} ± {100 * rows_[n][c]['std']:.1f}" for n in names) + " |\n"
+    return text
 
 
 def merge(paths: Sequence[str], out: str) -> dict:
@@ -709,6 +774,7 @@ def merge(paths: Sequence[str], out: str) -> dict:
         except (OSError, ValueError) as error:
             raise ValueError(f"{path}: not a readable report.json ({error})") from None
     merged = merge_reports(reports)
+    merged["effects"] = factorial_effects(reports)
     folder = pathlib.Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "ablation.json").write_text(json.dumps(merged, indent=1, sort_keys=True))
@@ -716,16 +782,36 @@ def merge(paths: Sequence[str], out: str) -> dict:
     import matplotlib  # pylint: disable=g-import-not-at-top
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+    import numpy as np  # pylint: disable=g-import-not-at-top
 
     arms = list(merged["arms"])
     final = [merged["arms"][a]["stats"].get("rpr2") or merged["arms"][a]["stats"].get("rsr2")
              or {"mean": 0.0, "std": 0.0} for a in arms]
-    fig, ax = plt.subplots(figsize=(max(6, len(arms) * 0.9), 4), constrained_layout=True)
+    effects = merged["effects"]
+    width = max(6, len(arms) * 0.9)
+    fig, axes = plt.subplots(1, 2 if effects else 1, figsize=(width + (6 if effects else 0), 4),
+                             constrained_layout=True, squeeze=False,
+                             gridspec_kw={"width_ratios": [width, 6] if effects else [1]})
+    ax = axes[0, 0]
     ax.bar(range(len(arms)), [100 * s["mean"] for s in final],
            yerr=[100 * s["std"] for s in final], capsize=3)
     ax.set_xticks(range(len(arms)), arms, rotation=40, ha="right", fontsize=7)
     ax.set_ylabel("final stage test Mean@k (%)")
     ax.set_title("Ablation: mean ± std over seeds")
+    if effects:
+        ax = axes[0, 1]
+        bar = 0.8 / len(effects)
+        for i, (lam, rows_) in enumerate(effects.items()):
+            last = rows_.get("rpr2") or rows_[list(rows_)[-1]]
+            xs = np.arange(len(last)) + i * bar
+            ax.bar(xs, [100 * e["mean"] for e in last.values()], bar,
+                   yerr=[100 * e["std"] for e in last.values()], capsize=3, label=f"λ={lam}")
+            ax.set_xticks(np.arange(len(last)) + 0.4 - bar / 2, list(last), rotation=40, ha="right",
+                          fontsize=7)
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.set_ylabel("effect on final test Mean@k (points)")
+        ax.set_title("Factorial effects (second level - first)")
+        ax.legend(fontsize=7)
     fig.savefig(folder / "ablation.png", dpi=100)
     plt.close(fig)
     return merged
