@@ -81,6 +81,9 @@ def test_quick_runs_end_to_end_and_writes_the_report(quick_run):
     # The retained actors were evaluated: episodes on disk, one eval.json per stage.
     for row in report["stages"]:
         assert (workdir / "report-evals" / row["stage"] / "eval.json").is_file()
+        summary = json.loads((workdir / row["stage"] / "summary.json").read_text())
+        assert len(row["actor_hash"]) == 64 and row["actor_hash"] == summary["actor_hash"]
+    assert terminal_rsi.base_hash(report) == report["stages"][0]["actor_hash"]
     for plot in ("success", "ev", "tiers", "rewards", "curves"):
         assert (workdir / "plots" / f"{plot}.png").stat().st_size > 1000
     text = (workdir / "report.md").read_text()
@@ -276,6 +279,23 @@ def test_factorial_effects_match_differences_of_cell_means(tmp_path):
                  "stages": [{"name": "rpr2", "mean_at_k": 0.0}]},
                 {"variant": "ablation", "seed": 0, "ablation": {"cell": "direct_ppo", "lam": 0.95},
                  "stages": [{"name": "rpr2", "mean_at_k": 0.0}]}]
+    # seed 5 ran its 8 cells from two Bases (two kinds of machine): no factorial from it;
+    # seed 7's 8 cells share one recorded Base: a factorial of their own
+    def with_base(seed, cell, base, value):
+        return {"variant": "ablation", "seed": seed, "ablation": {"cell": cell, "lam": 0.95},
+                "stages": [{"name": "base", "mean_at_k": 0.2, "actor_hash": base},
+                           {"name": "rpr2", "mean_at_k": value}]}
+    mixed = [with_base(5, cell, ("a" if i % 2 else "b") * 64, 0.1 * i)
+             for i, cell in enumerate(terminal_rsi.CELLS)]
+    one = [with_base(7, cell, "c" * 64, 0.3 if cell.endswith("reset") else 0.2)
+           for cell in terminal_rsi.CELLS]
+    effects = terminal_rsi.factorial_effects(reports + mixed + one)
+    assert sorted(effects) == ["0.95", "0.95 base cccccccc"]
+    assert effects["0.95 base cccccccc"]["rpr2"]["critic"]["mean"] == pytest.approx(0.1)
+    assert effects["0.95 base cccccccc"]["rpr2"]["estimator"]["mean"] == pytest.approx(0.0)
+    warning = terminal_rsi.merge_markdown(terminal_rsi.merge_reports(mixed))
+    assert "Seed 5 ran from 2 different Base checkpoints" in warning and "aaaaaaaa" in warning
+    assert "different Base" not in terminal_rsi.merge_markdown(terminal_rsi.merge_reports(one))
     effects = terminal_rsi.factorial_effects(reports)
     assert list(effects) == ["0.95"]
     rows = effects["0.95"]["rpr2"]

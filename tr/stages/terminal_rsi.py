@@ -413,6 +413,10 @@ def run(config, workdir) -> dict:
             continue
         data = evaluate_stage(run_dir, stage, rc, tasks, seed=777 + 1000 * int(config.seed))
         rows.append(stage_row(row, data, rc.split))
+        # which checkpoint was evaluated: arms are comparable only from the same Base (the same
+        # seed trains a different Base on another CPU: XLA CPU code differs per host)
+        rows[-1]["actor_hash"] = json.loads((run_dir / stage / "summary.json").read_text()).get(
+            "actor_hash")
         print(f"[terminal_rsi] test {row} ({stage}, step {data['retained_step']}): "
               f"Mean@{rc.k} {rows[-1]['mean_at_k']:.3f}  Pass@1 {rows[-1]['pass_at_1']:.3f}",
               flush=True)
@@ -669,6 +673,14 @@ def write_plots(run_dir: pathlib.Path, report: dict, curves: dict, rescored) -> 
 # Merging ablation runs
 
 
+def base_hash(report: dict) -> str | None:
+    """The actor hash of a report's Base row (None for reports written before rows carried it)."""
+    for row in report.get("stages", []):
+        if row.get("name") == "base":
+            return row.get("actor_hash")
+    return None
+
+
 def merge_reports(reports: Sequence[dict]) -> dict:
     """Per arm: the seeds and mean ± std (population over seeds) of each row's test Mean@k."""
     arms: dict = {}
@@ -678,6 +690,7 @@ def merge_reports(reports: Sequence[dict]) -> dict:
         if rep["seed"] in arm["seeds"]:
             raise ValueError(f"arm {cell!r} has seed {rep['seed']} twice")
         arm["seeds"].append(rep["seed"])
+        arm.setdefault("bases", []).append(base_hash(rep))
         for row in rep["stages"]:
             arm["rows"].setdefault(row["name"], []).append(row["mean_at_k"])
     for arm in arms.values():
@@ -696,7 +709,9 @@ def factorial_effects(reports: Sequence[dict]) -> dict:
     i.e. mean(y | s = +1) - mean(y | s = -1): a main effect is the second level minus the first
     averaged over the other two factors; an interaction is half the change of one factor's
     effect between the other's levels.  Computed per seed that ran all 8 cells at that λ (and
-    row; the rows after RSR-1, where the factors act), then mean ± population std over them."""
+    row; the rows after RSR-1, where the factors act), then mean ± population std over them.
+    Cells enter one factorial only with the same Base checkpoint (`base_hash`): a seed's cells run
+    on two kinds of machine start from two Bases, and their differences would be the machines'."""
     names = list(FACTORS)
     # with one seed the 3-way interaction is the usual yardstick of noise in an unreplicated 2^3
     contrasts = names + [f"{a} x {b}" for i, a in enumerate(names) for b in names[i + 1:]] + [
@@ -708,13 +723,14 @@ def factorial_effects(reports: Sequence[dict]) -> dict:
         if cell not in CELLS:
             continue
         lam = float(info.get("lam", 1.0))
+        group = (lam, base_hash(rep))
         for row in rep["stages"]:
             if row["name"] in ("base", "rsr1"):  # before any factor acts: the same in every cell
                 continue
-            table.setdefault(lam, {}).setdefault(rep["seed"], {}).setdefault(
+            table.setdefault(group, {}).setdefault(rep["seed"], {}).setdefault(
                 row["name"], {})[cell] = row["mean_at_k"]
     out = {}
-    for lam, seeds in sorted(table.items()):
+    for (lam, base), seeds in sorted(table.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
         per_row: dict = {}
         for seed, rows in sorted(seeds.items()):
             for name, ys in rows.items():
@@ -731,7 +747,7 @@ def factorial_effects(reports: Sequence[dict]) -> dict:
                     per_row.setdefault(name, {}).setdefault(contrast, []).append(
                         (seed, total / (len(CELLS) / 2)))
         if per_row:
-            out[f"{lam:g}"] = {
+            out[f"{lam:g}" + (f" base {base[:8]}" if base else "")] = {
                 name: {c: {"mean": statistics.fmean(v for _, v in vals),
                            "std": statistics.pstdev([v for _, v in vals]) if len(vals) > 1 else 0.0,
                            "seeds": [s for s, _ in vals]}
@@ -750,6 +766,16 @@ def merge_markdown(merged: dict) -> str:
             cells.append("" if s is None else f"{100 * s['mean']:.1f} ± {100 * s['std']:.1f}")
         out.append(f"| {cell} | {len(arm['seeds'])} | " + " | ".join(cells) + " |")
     text = "test Mean@k (%), mean ± std over seeds\n\n" + "\n".join(out) + "\n"
+    by_seed: dict = {}
+    for cell, arm in merged["arms"].items():
+        for seed, base in zip(arm["seeds"], arm.get("bases") or [None] * len(arm["seeds"])):
+            by_seed.setdefault(seed, {}).setdefault(base[:8] if base else "unrecorded", []).append(cell)
+    for seed, bases in sorted(by_seed.items()):
+        if len(bases) > 1:
+            text += (f"\n**Seed {seed} ran from {len(bases)} different Base checkpoints** (the same "
+                     "seed on another kind of CPU trains another Base); compare arms within one: "
+                     + "; ".join(f"{b}: {', '.join(sorted(c))}" for b, c in sorted(bases.items()))
+                     + "\n")
     for lam, rows_ in merged.get("effects", {}).items():
         names = [r for r in REPORT_ROWS if r in rows_]
         contrasts = list(rows_[names[0]])
