@@ -296,6 +296,10 @@ def test_factorial_effects_match_differences_of_cell_means(tmp_path):
     warning = terminal_rsi.merge_markdown(terminal_rsi.merge_reports(mixed))
     assert "Seed 5 ran from 2 different Base checkpoints" in warning and "aaaaaaaa" in warning
     assert "different Base" not in terminal_rsi.merge_markdown(terminal_rsi.merge_reports(one))
+    # the same arm and seed from two machines: two rows, not "seed twice"
+    both = terminal_rsi.merge_reports([reports[0], {**one[0], "seed": reports[0]["seed"]}])
+    assert sorted(both["arms"]) == [f"{terminal_rsi.CELLS[0]} λ=0.95",
+                                    f"{terminal_rsi.CELLS[0]} λ=0.95 base cccccccc"]
     effects = terminal_rsi.factorial_effects(reports)
     assert list(effects) == ["0.95"]
     rows = effects["0.95"]["rpr2"]

@@ -682,10 +682,12 @@ def base_hash(report: dict) -> str | None:
 
 
 def merge_reports(reports: Sequence[dict]) -> dict:
-    """Per arm: the seeds and mean ± std (population over seeds) of each row's test Mean@k."""
+    """Per arm: the seeds and mean ± std (population over seeds) of each row's test Mean@k.  An arm
+    whose report records its Base (`base_hash`) is labelled with it, so runs of one seed from two
+    machines stay two rows."""
     arms: dict = {}
     for rep in reports:
-        cell = arm_label(rep)
+        cell = arm_label(rep) + (f" base {base_hash(rep)[:8]}" if base_hash(rep) else "")
         arm = arms.setdefault(cell, {"seeds": [], "rows": {}})
         if rep["seed"] in arm["seeds"]:
             raise ValueError(f"arm {cell!r} has seed {rep['seed']} twice")
