@@ -110,6 +110,23 @@ def test_shared_stages_follow_the_factors():
     assert terminal_rsi.shared_stages("tb_gae/fdr/reset", "direct_ppo") == ["base"]
     assert terminal_rsi.shared_stages("tb_gae/fdr/reset", "tb_gae/fdr_spr/inherit",
                                       same_lam=False) == ["base", "rsr1"]
+    assert terminal_rsi.shared_stages("tb_gae/fdr/reset", "tb_gae/fdr_spr/reset") == [
+        "base", "rsr1", "warmup", "rpr1", "rsr2"]
+    assert terminal_rsi.shared_stages("tb_gae/fdr/reset", "tb_gae/fdr_spr/reset", same_lam=False) == [
+        "base", "rsr1"]
+    # what the rule rests on: every shared stage is configured the same in both arms' schedules
+    config = experiment.get_config("ablation")
+    for cell, donor in [("tb_gae/fdr/reset", "tb_gae/fdr_spr/reset"),
+                        ("token_gae/fdr_spr/inherit", "token_gae/fdr/inherit"),
+                        ("tb_gae/fdr/reset", "tb_gae/fdr_spr/inherit")]:
+        stages = {}
+        for arm in (cell, donor):
+            config.ablation.cell = arm
+            entries, shared, _, _ = terminal_rsi.schedule(config)
+            stages[arm] = {e["name"]: terminal_rsi.pipeline.merge_entry(shared, e) for e in entries}
+        for name in terminal_rsi.shared_stages(cell, donor):
+            assert stages[cell][name] == stages[donor][name], (cell, donor, name)
+        assert stages[cell]["rpr2"] != stages[donor]["rpr2"]
 
 
 def test_ablation_estimators_differ_only_below_unit_lambda():

@@ -854,12 +854,16 @@ def shared_stages(cell: str, donor: str, *, same_lam: bool = True) -> list[str]:
 
     Every arm's `base` is the same stage; every arm but `direct_ppo` has the same `rsr1` (neither
     reads the estimator, the rewards or the critic); the factorial cells' `warmup` depends on the
-    estimator and its λ only (its critic targets), not on the rewards of RPR-2 or a later reset."""
+    estimator and its λ only (its critic targets), not on the rewards of RPR-2 or a later reset;
+    two cells that differ only in the rewards (FDR -> SPR vs FDR only: the rewards differ from
+    RPR-2 on) also share RPR-1 and RSR-2 (measured: the same actor hashes, 3 Dec)."""
     out = ["base"]
     if "direct_ppo" not in (cell, donor):
         out.append("rsr1")
     if "/" in cell and "/" in donor and cell.split("/")[0] == donor.split("/")[0] and same_lam:
         out.append("warmup")
+        if cell.split("/")[2] == donor.split("/")[2]:
+            out += ["rpr1", "rsr2"]
     return out
 
 
