@@ -681,18 +681,23 @@ def base_hash(report: dict) -> str | None:
     return None
 
 
+def _base_suffix(base: str | None) -> str:
+    return f" base {base[:8]}" if base else ""
+
+
 def merge_reports(reports: Sequence[dict]) -> dict:
     """Per arm: the seeds and mean ± std (population over seeds) of each row's test Mean@k.  An arm
     whose report records its Base (`base_hash`) is labelled with it, so runs of one seed from two
     machines stay two rows."""
     arms: dict = {}
     for rep in reports:
-        cell = arm_label(rep) + (f" base {base_hash(rep)[:8]}" if base_hash(rep) else "")
+        base = base_hash(rep)
+        cell = arm_label(rep) + _base_suffix(base)
         arm = arms.setdefault(cell, {"seeds": [], "rows": {}})
         if rep["seed"] in arm["seeds"]:
             raise ValueError(f"arm {cell!r} has seed {rep['seed']} twice")
         arm["seeds"].append(rep["seed"])
-        arm.setdefault("bases", []).append(base_hash(rep))
+        arm.setdefault("bases", []).append(base)
         for row in rep["stages"]:
             arm["rows"].setdefault(row["name"], []).append(row["mean_at_k"])
     for arm in arms.values():
@@ -749,7 +754,7 @@ def factorial_effects(reports: Sequence[dict]) -> dict:
                     per_row.setdefault(name, {}).setdefault(contrast, []).append(
                         (seed, total / (len(CELLS) / 2)))
         if per_row:
-            out[f"{lam:g}" + (f" base {base[:8]}" if base else "")] = {
+            out[f"{lam:g}" + _base_suffix(base)] = {
                 name: {c: {"mean": statistics.fmean(v for _, v in vals),
                            "std": statistics.pstdev([v for _, v in vals]) if len(vals) > 1 else 0.0,
                            "seeds": [s for s, _ in vals]}
