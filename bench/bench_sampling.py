@@ -12,7 +12,8 @@ Engines, same model, same process:
              full (left-padded to a power-of-two bucket), the batch decodes until its longest member.
   episode    `EpisodeSampler`: an episode's KV cache lives across turns (only the observation is
              prefilled), requests join and leave `--slots` decode slots as they come and finish.
-Each engine first runs the whole workload once (compiles), then `--repeats` timed runs; medians.
+Each engine first runs the whole workload once (compiles), then timed runs (`--repeats`, the
+re-prefill engine `--baseline-repeats`: one of its runs takes ~5 min); medians.
 
 Reported: episodes/s, generated tokens/s, the time share of prefill / decode / waiting (no request
 to work on: every episode in its sandbox), and the decode rate with slots joining and leaving vs a
@@ -24,6 +25,7 @@ machine hits both sides of a ratio alike; the same ratio in decoded tokens per p
 with load.
 
 Run:  .venv/bin/python bench/bench_sampling.py [--episodes 32 --turns 8 --obs 200 --slots 32]
+      (`--decode-buckets 1 --refill-steps 2`: the engine as it was before active-row decode)
 """
 
 from __future__ import annotations
@@ -143,9 +145,14 @@ def main() -> None:
     p.add_argument("--delay-s", type=float, default=0.05)
     p.add_argument("--slots", type=int, default=None, help="decode slots (default: --episodes)")
     p.add_argument("--decode-steps", type=int, default=8)
+    p.add_argument("--refill-steps", type=int, default=4,
+                   help="decode steps per call while a free row's episode is in its sandbox")
+    p.add_argument("--decode-buckets", type=int, default=8,
+                   help="decode computes the active rows rounded up to slots/this (1: every row, as before)")
     p.add_argument("--attention-block", type=int, default=256, help="cache slots read per block in decode/prefill")
     p.add_argument("--prefill-chunk", type=int, default=128, help="tokens per prefill call (episode engine)")
-    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--baseline-repeats", type=int, default=1, help="timed runs of the (slow) re-prefill engine")
     p.add_argument("--attention-chunk", type=int, default=512,
                    help="queries per attention block (exact; bounds re-prefill's score memory)")
     p.add_argument("--engines", default="episode,reprefill")
@@ -160,14 +167,15 @@ def main() -> None:
     print(f"model {config.name} ({config.param_count() / 1e6:.1f}M params), backend {jax.default_backend()}, "
           f"{os.cpu_count()} CPUs; {args.episodes} episodes x {args.turns} turns, {args.obs}-token observations, "
           f"{args.min_new}-{args.max_new} new tokens/turn, echo delay {args.delay_s}s, slots {slots}; "
-          f"median of {args.repeats} after a warm-up run; load average {os.getloadavg()[0]:.1f}", flush=True)
+          f"median of {args.repeats} (re-prefill {args.baseline_repeats}) after a warm-up run; load average {os.getloadavg()[0]:.1f}", flush=True)
 
     rows = {}
     for engine in args.engines.split(","):
         if engine == "episode":
             sampler = EpisodeSampler(model, tok, slots=slots, max_new_tokens=args.max_new,
                                      cache_len=longest, decode_steps=args.decode_steps,
-                                     attention_block=args.attention_block, prefill_chunk=args.prefill_chunk)
+                                     attention_block=args.attention_block, prefill_chunk=args.prefill_chunk,
+                                     decode_buckets=args.decode_buckets, refill_decode_steps=args.refill_steps)
             t0 = time.perf_counter()
             sampler.precompile(capacity=longest)  # every row bucket: no compile inside a timed run
             sampler._decode_fn = Timed(sampler._decode_fn)  # for its CPU seconds
@@ -182,7 +190,7 @@ def main() -> None:
         warm_s = time.perf_counter() - t0
         results = []
         static_context = mean_context(args)
-        for r in range(args.repeats):
+        for r in range(args.repeats if engine == "episode" else args.baseline_repeats):
             if engine == "episode":
                 s0, cpu0 = dict(vars(sampler.stats)), sampler._decode_fn.cpu_s
             else:
@@ -193,8 +201,10 @@ def main() -> None:
             if engine == "episode":
                 d = {k: v - s0[k] for k, v in vars(sampler.stats).items()}
                 out.update(prefill_s=d["prefill_s"], decode_s=d["decode_s"],
-                           occupancy=d["generated_tokens"] / max(d["decode_row_steps"], 1),
-                           prefill_tokens=d["prefill_tokens"], reused_tokens=d["reused_tokens"])
+                           occupancy=d["generated_tokens"] / max(d["decode_slot_steps"], 1),
+                           row_fill=d["generated_tokens"] / max(d["decode_row_steps"], 1),
+                           prefill_tokens=d["prefill_tokens"], reused_tokens=d["reused_tokens"],
+                           steps_per_call=d["decode_steps"] / max(d["decode_calls"], 1))
                 # Right after the run, the static batch: its ratio to this run is this repeat's.
                 dyn_cpu = sampler._decode_fn.cpu_s - cpu0
                 n, sec, cpu = static_decode(sampler, args, static_context)
@@ -212,6 +222,7 @@ def main() -> None:
             best["ratios"] = [(o["vs_static"], o["vs_static_cpu"]) for o in results]
             best["compiles"] = dict(sampler.compile_counts)
             best["capacity"] = sampler.capacity
+            best["row_quantum"] = sampler.row_quantum
             sampler.close()
         rows[engine] = best
 
@@ -228,7 +239,9 @@ def main() -> None:
     if "episode" in rows:
         e = rows["episode"]
         dyn = e["tokens"] / e["decode_s"]
-        print(f"episode engine: slot occupancy while decoding {e['occupancy']:.0%}; decode tok/s with slots "
+        print(f"episode engine: slot occupancy while decoding {e['occupancy']:.0%} (rows computed: only the "
+              f"active ones, in multiples of {e['row_quantum']} rows; {e['row_fill']:.0%} of computed rows "
+              f"produced a token); decode tok/s with slots "
               f"joining/leaving {dyn:,.0f} vs static batch of {slots} at {e['static_context']}-token contexts "
               f"{e['static_tok_s']:,.0f} (medians); prefilled {e['prefill_tokens']:,} tokens, reused "
               f"{e['reused_tokens']:,} from cache; compiles {e['compiles']}")

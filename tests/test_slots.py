@@ -142,14 +142,14 @@ def test_a_queued_request_takes_the_first_freed_slot(sampler):
     soon as that finishes (the decode call returns early instead of running its `decode_steps`),
     so it is done within one more call and before either long one; weight sync is refused meanwhile."""
     greedy = lambda n: SamplingParams(temperature=0.0, max_new_tokens=n)  # noqa: E731
-    order, steps0 = [], sampler.stats.decode_row_steps
+    order, steps0 = [], sampler.stats.decode_steps
     steps_at = {}  # decode steps run when each request was done (callbacks run in the engine thread)
     with sampler._cv:  # the engine admits nothing until all four are queued
         futs = {name: sampler.submit([1, 2 + i], greedy(n), episode_id=name)
                 for i, (name, n) in enumerate((("long0", 32), ("long1", 32), ("short", 2), ("queued", 3)))}
         for name, f in futs.items():
             f.add_done_callback(lambda _, name=name: (order.append(name), steps_at.setdefault(
-                name, (sampler.stats.decode_row_steps - steps0) // sampler.slots)))
+                name, sampler.stats.decode_steps - steps0)))
         with pytest.raises(RuntimeError, match="in flight"):
             sampler.update_weights(sampler.state)
     assert [len(f.result(timeout=900).token_ids) for f in futs.values()] == [32, 32, 2, 3]  # may compile
@@ -158,6 +158,31 @@ def test_a_queued_request_takes_the_first_freed_slot(sampler):
     for name in futs:
         sampler.end_episode(name)
     assert sampler.cached_episodes() == {}
+
+
+def test_decode_computes_only_the_active_rows(model, sampler):
+    """With one or two of three rows busy, a decode call computes only those rows (row buckets of 1
+    on 3 slots), and every turn still equals a fresh forward; the same episodes through a sampler
+    that decodes every row (`decode_buckets=1`) give the same tokens and log-probs up to rounding."""
+    assert sampler.row_quantum == 1
+    before = dataclasses.replace(sampler.stats)
+    one, _ = _episodes(sampler, model, turns=2, episodes="a")
+    steps = sampler.stats.decode_steps - before.decode_steps
+    assert steps > 0 and sampler.stats.decode_row_steps - before.decode_row_steps == steps      # 1 row
+    assert sampler.stats.decode_slot_steps - before.decode_slot_steps == 3 * steps
+    two, _ = _episodes(sampler, model, turns=2, episodes="ab")
+    full = EpisodeSampler(model, slots=3, max_new_tokens=32, min_capacity=128, prefill_chunk=64, decode_steps=4,
+                          attention_block=32, decode_buckets=1)
+    try:
+        assert full.row_quantum == 3
+        for episodes, outs in (("a", one), ("ab", two)):
+            ref, _ = _episodes(full, model, turns=2, episodes=episodes, timeout=900)
+            assert [c.token_ids for c in ref] == [c.token_ids for c in outs]
+            for a, b in zip(ref, outs):
+                np.testing.assert_allclose(a.raw_logprobs, b.raw_logprobs, atol=1e-5)
+        assert full.stats.decode_row_steps == 3 * full.stats.decode_steps
+    finally:
+        full.close()
 
 
 def test_end_episode_cancels_and_frees(sampler):
@@ -210,12 +235,12 @@ def test_compiles_are_bounded_by_the_buckets(model, sampler):
             sampler.end_episode(e)
         counts.append(dict(sampler.compile_counts))
     capacities = int(np.log2(sampler.capacity // 128)) + 1
-    assert sampler.compile_counts["decode"] <= capacities
+    assert sampler.compile_counts["decode"] <= capacities * 3  # active-row buckets 1, 2, 3 (3 slots)
     assert sampler.compile_counts["prefill"] <= capacities * 2  # rows-in-call 1, 2 (3 slots: no padding rows)
     assert counts[0] == counts[1] or sampler.capacity > 128
     # precompile: every bucket at the current capacity, after which a rollout that fits compiles nothing.
     compiled = sampler.precompile(sampler.capacity)
-    assert compiled["prefill"] <= capacities * 2 and compiled["decode"] <= capacities
+    assert compiled["prefill"] <= capacities * 2 and compiled["decode"] <= capacities * 3
     _episodes(sampler, model, turns=2, check=False)
     assert dict(sampler.compile_counts) == compiled
 

@@ -15,6 +15,11 @@ admits queued requests into free rows (prefill), so short requests never wait fo
 a request is queued, a decode call returns as soon as any row finishes, so a freed row never idles;
 while a free row's episode is live (its next request is coming from its sandbox) a call decodes at
 most `refill_decode_steps` (traced: no recompile), so that request waits at most that many tokens.
+**Active rows only:** a call computes the rows that have a request, rounded up to a multiple of
+`ceil(slots / decode_buckets)` rows (padded with idle rows), not every slot: idle slots (episodes
+in their sandboxes) cost nothing. The call gathers those rows' decode state, reads their cache rows
+in place (`Decoder.extend(rows=...)`), writes their new K/V into their own rows and scatters the
+state back. `decode_buckets=1` (and `batch_invariant`) decodes every row every call.
 
 **Cache layout.** Head-major: `keys, values [n_layers, slots, n_kv_heads, S, head_dim]` and
 `end [slots]` (rows are at different lengths); row `b` holds its tokens in slots `0 .. end[b]-1` (no
@@ -34,7 +39,7 @@ each row's appended tokens in chunks of `prefill_chunk` (right-padded); the same
 rows' requests (their sampling fields go into the decode state inside it, no host-side updates).
 
 **Compiles.** Prefill is compiled per (rows-in-call power of two <= `slots`, capacity), decode per
-capacity: all powers of two, so the count is bounded (`compile_counts`); `span` is traced, so row
+(row bucket, capacity), at most `decode_buckets` buckets: all bounded, so the count is bounded (`compile_counts`); `span` is traced, so row
 lengths never recompile; the weights are an argument, so `update_weights` never recompiles (it
 drops every cached episode). `precompile(capacity)` compiles them all up front.
 
@@ -46,10 +51,9 @@ compiled piece constrains its outputs so, and the arrays are created split.
 salt)` and token `t` uses `fold_in(that, t)`, so samples do not depend on which rows share a call.
 `Completion.logprobs` are under the distribution sampled from, `raw_logprobs` the model's.  With
 `batch_invariant=True` prefill takes one row per call, so a request's tokens and log-probs are
-bit-identical whatever else is in flight (decode always runs every row: its shapes are fixed):
-alone or beside other episodes, in any row, after other samplers compiled in the process, after
-`update_weights` (tests/test_slots.py), and in a fresh process. The row count `slots` is part of
-the compiled decode, though: XLA CPU accumulates some row reductions in another order for larger
+bit-identical whatever else is in flight alone or beside other episodes, in any row, after other samplers compiled in the process, after
+`update_weights` (tests/test_slots.py), and in a fresh process (decode runs every row: its shapes
+never follow the load). The row count `slots` is part of the compiled decode, though: XLA CPU accumulates some row reductions in another order for larger
 batches (e.g. a mean over 128 features: bit-equal for 1..16 rows, not for 32), so the same request
 on 32 or 64 rows gets log-probs up to ~2e-6 away from 16 rows (the gym model; 17 rows were
 identical), which can flip a sample that sits on a category boundary.
@@ -132,29 +136,33 @@ class EngineStats:
     reused_tokens: int = 0        # tokens whose cached K/V a request reused
     generated_tokens: int = 0
     decode_calls: int = 0
-    decode_row_steps: int = 0     # rows x steps decoded (active or not): occupancy denominator
+    decode_steps: int = 0         # decode steps run (each advances every active row by one token)
+    decode_row_steps: int = 0     # rows computed x steps (active or padding): the compute spent
+    decode_slot_steps: int = 0    # slots x steps: the slot-occupancy denominator
     evictions: int = 0
     requests: int = 0
 
 
-def _rows_forward(model: Decoder, keys, values, end, tokens, positions, mask, span, block: int):
-    """The decoder on all rows at once, each row after its own cached slots `0 .. end[b]-1`.
+def _rows_forward(model: Decoder, keys, values, end, tokens, positions, mask, span, block: int, rows=None):
+    """The decoder on some rows at once, each row after its own cached slots `0 .. end[b]-1`.
 
-    keys/values `[n_layers, B, K, S, hd]` (head-major), end `[B]`, tokens/positions/mask `[B, T]`,
-    span: a bound on `end` over the rows whose results are used (only slots `< span` are read).
-    The cache is only read (`Decoder.extend`); the new tokens' K/V are then written at slots
-    `end[b] .. end[b]+T-1` of row b, one `dynamic_update_slice` per row (in place: a scatter here
-    cost a pass over the whole allocated cache per step). A masked-out token's K/V land at or beyond
-    `end[b]`, which `valid` hides until a later write replaces them. Returns (keys, values, hidden `[B, T, d]`).
+    keys/values `[n_layers, R, K, S, hd]` (head-major), `rows [B]` the distinct cache rows computed
+    (None: all R in order), end `[B]` their lengths, tokens/positions/mask `[B, T]`, span: a bound
+    on `end` over the rows whose results are used (only slots `< span` are read). The cache is only
+    read (`Decoder.extend`); the new tokens' K/V are then written at slots `end[b] .. end[b]+T-1` of
+    row `rows[b]`, one `dynamic_update_slice` per row (in place: a scatter here cost a pass over the
+    whole allocated cache per step). A masked-out token's K/V land at or beyond `end[b]`, which
+    `valid` hides until a later write replaces them. Returns (keys, values, hidden `[B, T, d]`).
     """
     n_slots = keys.shape[3]
     valid = jnp.arange(n_slots)[None] < end[:, None]
-    hidden, new_k, new_v = model.extend(tokens, positions, mask, keys, values, valid, span=span, block=block)
+    hidden, new_k, new_v = model.extend(tokens, positions, mask, keys, values, valid, span=span, block=block,
+                                        rows=rows)
     new_k, new_v = new_k.transpose(0, 1, 3, 2, 4), new_v.transpose(0, 1, 3, 2, 4)      # [L, B, K, T, hd]
     zero = jnp.zeros((), jnp.int32)
 
     def write(b, kv):
-        at = (zero, b, zero, jnp.minimum(end[b], n_slots - tokens.shape[1]), zero)
+        at = (zero, b if rows is None else rows[b], zero, jnp.minimum(end[b], n_slots - tokens.shape[1]), zero)
         return tuple(jax.lax.dynamic_update_slice(c, jax.lax.dynamic_slice_in_dim(n, b, 1, axis=1), at)
                      for c, n in zip(kv, (new_k, new_v)))
 
@@ -172,8 +180,8 @@ class EpisodeSampler:
 
     def __init__(self, model: Decoder, tokenizer: Tokenizer | None = None, *, slots: int = 32,
                  cache_len: int | None = None, max_new_tokens: int = 256, prefill_chunk: int = 128,
-                 min_capacity: int = 512, decode_steps: int = 8, refill_decode_steps: int = 2,
-                 attention_block: int = 256,
+                 min_capacity: int = 512, decode_steps: int = 8, refill_decode_steps: int = 4,
+                 attention_block: int = 256, decode_buckets: int = 8,
                  reuse_cache: bool = True, mesh: jax.sharding.Mesh | None = None,
                  batch_invariant: bool = False):
         if slots < 1:
@@ -196,6 +204,11 @@ class EpisodeSampler:
         # Prefill one row per call: a row's logits never depend on which rows share a call (a
         # batched prefill's shape, hence its float rounding, follows the admission timing).
         self.batch_invariant = batch_invariant
+        if decode_buckets < 1:
+            raise ValueError(f"EpisodeSampler: decode_buckets={decode_buckets} must be >= 1")
+        # Decode computes the active rows rounded up to a multiple of `row_quantum` (every row when
+        # it equals `slots`): at most `decode_buckets` compiled decode shapes per capacity.
+        self.row_quantum = slots if batch_invariant else -(-slots // min(decode_buckets, slots))
         self.capacity = min(_bucket(min_capacity, 1), _bucket(self.cache_len, 1))
         self.compile_counts: Counter[str] = Counter()
         self.stats = EngineStats()
@@ -293,15 +306,20 @@ class EpisodeSampler:
         d["active"] = d["active"].at[rows].set(True, mode="drop")
         return _constrain_state(keys, values, end, d)
 
-    def _decode_impl(self, state, keys, values, end, dec, queued, steps):
+    def _decode_impl(self, state, keys, values, end, dec, queued, steps, sel=None):
         """Up to `steps` (traced) tokens for every active row; a row stops at a stop id or its `max_new`.
         With `queued` (a request waits for a slot) the call returns as soon as any row finishes.
+        `sel [Bk]` (distinct rows, every active one among them; None: all rows): only those rows are
+        computed, their decode state gathered first and scattered back after.
 
         Each step samples from the row's logits, records token and log-probs at column `length`,
         then feeds the token (its K/V go to slot `end`) to get the next logits.
         """
         self.compile_counts["decode"] += 1
         model = nnx.merge(self.graphdef, state)
+        full_end, full_dec = end, dec
+        if sel is not None:
+            end, dec = end[sel], {k: v[sel] for k, v in dec.items()}
         n_out = dec["out_tokens"].shape[1]
         rows = jnp.arange(end.shape[0])
         sample = jax.vmap(lambda lg, k, t, p: [x[0] for x in sample_token(lg[None], k, t, p)])
@@ -329,12 +347,19 @@ class EpisodeSampler:
             d["active"] = act & ~(stop | (length >= d["max_new"]))
             span = jnp.max(jnp.where(act, end, 0))
             keys, values, hidden = _rows_forward(model, keys, values, end, token[:, None], end[:, None], act[:, None],
-                                                 span, self.attention_block)
+                                                 span, self.attention_block, rows=sel)
             end = end + act.astype(jnp.int32)
             d["logits"] = jnp.where(act[:, None], model.project(hidden[:, 0]), d["logits"])
-            return i + 1, *_constrain_state(keys, values, end, d)
+            if sel is None:
+                return i + 1, *_constrain_state(keys, values, end, d)
+            return (i + 1, constrain(keys, HEAD_MAJOR_CACHE_AXES), constrain(values, HEAD_MAJOR_CACHE_AXES),
+                    end, d)
 
         steps_done, keys, values, end, dec = jax.lax.while_loop(cond, body, (jnp.int32(0), keys, values, end, dec))
+        if sel is not None:
+            end = full_end.at[sel].set(end)
+            dec = {k: full_dec[k].at[sel].set(v) for k, v in dec.items()}
+            keys, values, end, dec = _constrain_state(keys, values, end, dec)
         return keys, values, end, dec, steps_done
 
     # -- public API --------------------------------------------------------------------------------
@@ -595,23 +620,38 @@ class EpisodeSampler:
                 self._keys, self._values, self._end, self._dec = self._prefill_fn(
                     self.state, self._keys, self._values, self._end, self._dec, pad,
                     np.zeros((bj, self.prefill_chunk), np.int32), zeros, zeros, fields)
-            self._keys, self._values, self._end, self._dec, _ = self._decode_fn(
-                self.state, self._keys, self._values, self._end, self._dec, np.bool_(False),
-                np.int32(self.decode_steps))
+            for n_rows in range(self.row_quantum, self.slots + self.row_quantum, self.row_quantum):
+                self._keys, self._values, self._end, self._dec, _ = self._decode_fn(
+                    self.state, self._keys, self._values, self._end, self._dec, np.bool_(False),
+                    np.int32(self.decode_steps), self._decode_rows(list(range(min(n_rows, self.slots)))))
             jax.block_until_ready(self._keys)
         return dict(self.compile_counts)
+
+    def _decode_rows(self, active: list[int]) -> np.ndarray | None:
+        """The rows a decode call computes: `active` (ascending) padded with idle rows to a multiple
+        of `row_quantum` (distinct, so every computed row writes only its own cache row), or None
+        (every row, one compiled shape) when that is all of them."""
+        n = -(-max(len(active), 1) // self.row_quantum) * self.row_quantum
+        if n >= self.slots:
+            return None
+        chosen = set(active)
+        pad = [i for i in range(self.slots) if i not in chosen][:n - len(active)]
+        return np.asarray(sorted(active + pad), np.int32)
 
     def _decode_and_retire(self) -> None:
         t0 = time.perf_counter()
         # A free row whose episode is live (in its sandbox) will get a request soon: short calls,
         # so it waits at most `refill_decode_steps` tokens for its row.
         refill = any(r.request is None and r.episode_id is not None for r in self._rows)
+        sel = self._decode_rows([i for i, r in enumerate(self._rows) if r.request is not None])
         self._keys, self._values, self._end, self._dec, steps_done = self._decode_fn(
             self.state, self._keys, self._values, self._end, self._dec, np.bool_(bool(self._queue)),
-            np.int32(self.refill_decode_steps if refill else self.decode_steps))
+            np.int32(self.refill_decode_steps if refill else self.decode_steps), sel)
         active = np.asarray(self._dec["active"])
         self.stats.decode_calls += 1
-        self.stats.decode_row_steps += self.slots * int(steps_done)
+        self.stats.decode_steps += int(steps_done)
+        self.stats.decode_row_steps += (self.slots if sel is None else len(sel)) * int(steps_done)
+        self.stats.decode_slot_steps += self.slots * int(steps_done)
         self.stats.decode_s += time.perf_counter() - t0
         finished = [i for i, r in enumerate(self._rows) if r.request is not None and not active[i]]
         if not finished:
