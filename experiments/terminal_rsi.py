@@ -14,7 +14,8 @@ Stage schedule (`config.stages`, run by the `pipeline` machinery in one run dire
     rpr2     kind `rpr`, actor rsr2, critic inherited from rpr1, reward SPR, actor lr / 5
 
 Any stage resumes after a kill; a finished stage is not re-run; the test evaluations are cached
-per stage (`report-evals/<stage>/eval.json`).  Outputs: report.json, report.md, plots/*.png.
+per stage (`report-evals/<stage>/eval.json`; a stage that kept its starting actor reuses that
+actor's evaluation).  Outputs: report.json, report.md, plots/*.png.
 
 Variants
   default     the gym and the embedded model on CPU (the main job: ~23 min alone on 2 cores)

@@ -84,6 +84,14 @@ def test_quick_runs_end_to_end_and_writes_the_report(quick_run):
         summary = json.loads((workdir / row["stage"] / "summary.json").read_text())
         assert len(row["actor_hash"]) == 64 and row["actor_hash"] == summary["actor_hash"]
     assert terminal_rsi.base_hash(report) == report["stages"][0]["actor_hash"]
+    first_of = {}   # a stage whose retained actor was already evaluated (kept its step 0) reuses it
+    for row in report["stages"]:
+        first = first_of.setdefault(row["actor_hash"], row)
+        if first is row:
+            assert "same_actor_as" not in row
+        else:
+            assert row["same_actor_as"] == first["stage"] and row["eval_s"] == 0.0
+            assert (row["mean_at_k"], row["pass_at_1"]) == (first["mean_at_k"], first["pass_at_1"])
     for plot in ("success", "ev", "tiers", "rewards", "curves"):
         assert (workdir / "plots" / f"{plot}.png").stat().st_size > 1000
     text = (workdir / "report.md").read_text()
@@ -99,6 +107,28 @@ def test_a_second_start_reruns_no_stage(quick_run):
     assert result.returncode == 0, result.stderr[-3000:]
     assert {p: p.stat().st_mtime_ns for p in workdir.glob("*/summary.json")} == before
     assert {p: p.stat().st_mtime_ns for p in workdir.glob("report-evals/*/eval.json")} == evals
+
+
+def test_a_stage_whose_actor_was_evaluated_reuses_the_evaluation(tmp_path):
+    """Same retained actor hash (e.g. RSR-2 kept its step 0, RPR-1's actor): the report takes the
+    evaluation already made (no checkpoint is read, nothing sampled), caches it under the stage,
+    says whose it is, and a second start reads that cache."""
+    (tmp_path / "rsr2").mkdir()
+    (tmp_path / "rsr2" / "summary.json").write_text(json.dumps({"retained_step": 0, "actor_hash": "ab" * 32}))
+    source = {"stage": "rpr1", "retained_step": 17, "eval_s": 150.0, "k": 3, "episodes": 192,
+              "overall": {"pass@1": 0.25, "mean@3": 0.3}, "by_family": {"sum-column": {"pass@1": 0.5, "mean@3": 0.5}},
+              "by_tier": {"easy": {"mean@3": 0.4}}}
+    data = terminal_rsi.evaluate_stage(tmp_path, "rsr2", None, [], seed=0, same_actor=source)
+    assert data["stage"] == "rsr2" and data["retained_step"] == 0 and data["same_actor_as"] == "rpr1"
+    assert data["eval_s"] == 0.0 and data["overall"] == source["overall"]
+    assert json.loads((tmp_path / "report-evals" / "rsr2" / "eval.json").read_text()) == data
+    assert terminal_rsi.evaluate_stage(tmp_path, "rsr2", None, [], seed=0) == data       # the cache
+    row = terminal_rsi.stage_row("rsr2", data, "test")
+    assert row["same_actor_as"] == "rpr1" and row["mean_at_k"] == 0.3 and row["pass_at_1"] == 0.25
+    (tmp_path / "rpr2").mkdir()   # RPR-2 kept its step 0 too: still RPR-1's evaluation
+    (tmp_path / "rpr2" / "summary.json").write_text(json.dumps({"retained_step": 0, "actor_hash": "ab" * 32}))
+    chained = terminal_rsi.evaluate_stage(tmp_path, "rpr2", None, [], seed=0, same_actor=data)
+    assert chained["stage"] == "rpr2" and chained["same_actor_as"] == "rpr1"
 
 
 def test_shared_stages_follow_the_factors():

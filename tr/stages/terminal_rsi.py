@@ -7,7 +7,8 @@
     evaluate  each report row's stage (config.report.stages: row -> stage), its retained actor
               (summary.json `retained_step`, chosen on `val`) on the gym's `test` split: Mean@k
               = (1/|T|) Σ_x (1/k) Σ_r S(x, r) and Pass@1, by family and tier (cached per stage in
-              report-evals/<stage>/eval.json)
+              report-evals/<stage>/eval.json; a stage whose retained actor has the hash of one
+              already evaluated, e.g. it kept its step 0, reuses that evaluation)
     critic    EV = 1 − Var(R − V)/Var(R) per update, from the metrics of warmup, rpr1, rpr2
     rescore   FDR vs SPR on the run's own RPR trajectories (same outcomes, only the formula
               changes; tr.rewards.rescore), with RPR-1's frozen scale table
@@ -255,8 +256,14 @@ def retained_step(run_dir: pathlib.Path, stage: str) -> int:
     return int(summary["finished_step"] if step is None else step)
 
 
-def evaluate_stage(run_dir: pathlib.Path, stage: str, report_config, tasks, *, seed: int) -> dict:
-    """Mean@k / Pass@1 of `stage`'s retained actor on `tasks` (evaluation sampling); cached."""
+def evaluate_stage(run_dir: pathlib.Path, stage: str, report_config, tasks, *, seed: int,
+                   same_actor: dict | None = None) -> dict:
+    """Mean@k / Pass@1 of `stage`'s retained actor on `tasks` (evaluation sampling); cached.
+
+    `same_actor`: the evaluation of another stage of this run whose retained actor has the same
+    hash (a stage that kept its step 0). The evaluation is a function of the parameters, the tasks
+    and the seed (batch-invariant sampler), so it is reused, not re-run (`same_actor_as` says so).
+    """
     out_dir = run_dir / "report-evals" / stage
     step = retained_step(run_dir, stage)
     cached = out_dir / "eval.json"
@@ -264,6 +271,12 @@ def evaluate_stage(run_dir: pathlib.Path, stage: str, report_config, tasks, *, s
         data = json.loads(cached.read_text())
         if data.get("retained_step") == step:
             return data
+    if same_actor is not None:
+        data = {**same_actor, "stage": stage, "retained_step": step, "eval_s": 0.0,
+                "same_actor_as": same_actor.get("same_actor_as", same_actor["stage"])}
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _write_json(cached, data)
+        return data
     from flax import nnx  # pylint: disable=g-import-not-at-top
 
     from tr.agent import evaluation  # pylint: disable=g-import-not-at-top
@@ -297,10 +310,14 @@ def evaluate_stage(run_dir: pathlib.Path, stage: str, report_config, tasks, *, s
     finally:
         sampler.close()
     data = {"stage": stage, "retained_step": step, "eval_s": time.monotonic() - t0, **summary}
-    tmp = cached.with_name("eval.json.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str))
-    tmp.replace(cached)
+    _write_json(cached, data)
     return data
+
+
+def _write_json(path: pathlib.Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str))
+    tmp.replace(path)
 
 
 def stage_row(row: str, data: dict, split: str) -> dict:
@@ -316,7 +333,8 @@ def stage_row(row: str, data: dict, split: str) -> dict:
             "by_family": {f: mean(v) for f, v in data["by_family"].items()},
             "by_tier": {t: mean(v) for t, v in data["by_tier"].items()},
             "pass_at_1_by_family": {f: v["pass@1"] for f, v in data["by_family"].items()},
-            "infra_failures": data.get("infra_failures", 0), "eval_s": data.get("eval_s")}
+            "infra_failures": data.get("infra_failures", 0), "eval_s": data.get("eval_s"),
+            **({"same_actor_as": data["same_actor_as"]} if data.get("same_actor_as") else {})}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -406,19 +424,23 @@ def run(config, workdir) -> dict:
     rc = config.report
     tasks = gym.split_tasks(rc.split, int(rc.count) or None,
                             seed=int(shared.get("tasks", {}).get("seed", 0)))
-    rows = []
+    rows, by_hash = [], {}
     for row in REPORT_ROWS:
         stage = report_stages.get(row)
         if stage is None:
             continue
-        data = evaluate_stage(run_dir, stage, rc, tasks, seed=777 + 1000 * int(config.seed))
-        rows.append(stage_row(row, data, rc.split))
-        # which checkpoint was evaluated: arms are comparable only from the same Base (the same
+        # which checkpoint is evaluated: arms are comparable only from the same Base (the same
         # seed trains a different Base on another CPU: XLA CPU code differs per host)
-        rows[-1]["actor_hash"] = json.loads((run_dir / stage / "summary.json").read_text()).get(
-            "actor_hash")
+        actor_hash = json.loads((run_dir / stage / "summary.json").read_text()).get("actor_hash")
+        data = evaluate_stage(run_dir, stage, rc, tasks, seed=777 + 1000 * int(config.seed),
+                              same_actor=by_hash.get(actor_hash) if actor_hash else None)
+        if actor_hash:
+            by_hash.setdefault(actor_hash, data)
+        rows.append(stage_row(row, data, rc.split))
+        rows[-1]["actor_hash"] = actor_hash
+        same = f" (the actor of {data['same_actor_as']}: not re-run)" if data.get("same_actor_as") else ""
         print(f"[terminal_rsi] test {row} ({stage}, step {data['retained_step']}): "
-              f"Mean@{rc.k} {rows[-1]['mean_at_k']:.3f}  Pass@1 {rows[-1]['pass_at_1']:.3f}",
+              f"Mean@{rc.k} {rows[-1]['mean_at_k']:.3f}  Pass@1 {rows[-1]['pass_at_1']:.3f}{same}",
               flush=True)
     eval_s = float(sum(row.get("eval_s") or 0.0 for row in rows))   # kept in eval.json across starts
     ev_stages = {"warmup": "warmup"} if "warmup" in summaries else {}
