@@ -613,7 +613,7 @@ class DockerSandbox(ShellSandbox):
         persist = self.config.persist_snapshots if persist is None else persist
         sid = f"docker-{secrets.token_hex(8)}"
         dest = (self.state_dir / "snapshots" / sid) if persist else (self.ws.root / "snaps" / sid)
-        self.container.pause()
+        self._pause()
         try:
             img = self.container.commit(
                 repository=SNAP_REPO, tag=sid, pause=False,
@@ -626,6 +626,25 @@ class DockerSandbox(ShellSandbox):
             self.container.unpause()
         return Snapshot(id=sid, backend=self.backend, location=str(dest), image=img.id,
                         persistent=persist, endpoint=self.config.docker_endpoint or "")
+
+    PAUSE_TRIES = 6
+
+    def _pause(self) -> None:
+        """`docker pause`, retried: under load the cgroup freezer can fail to stop every task in
+        time ("OCI runtime pause failed: unable to freeze", a 500; runc thaws the container and
+        the freeze may be tried again), seen once in 200 episodes on 2 busy cores. Other errors,
+        or the freeze failing `PAUSE_TRIES` times (~6 s of back-off), raise SandboxError."""
+        import docker  # pylint: disable=g-import-not-at-top
+
+        for attempt in range(self.PAUSE_TRIES):
+            try:
+                self.container.pause()
+                return
+            except docker.errors.APIError as exc:
+                if "unable to freeze" not in str(exc) or attempt == self.PAUSE_TRIES - 1:
+                    raise SandboxError(f"snapshot: cannot pause container {self.container.short_id} "
+                                       f"to commit it ({attempt + 1} tries): {exc}") from exc
+                time.sleep(0.2 * 2 ** attempt)
 
     def restore(self, snapshot) -> None:
         """The container is replaced by one from the snapshot image, the areas are copied back;
