@@ -78,11 +78,16 @@ def test_quick_runs_end_to_end_and_writes_the_report(quick_run):
             arrays = line["arrays"]
             assert arrays["rows"] in (2, 4) and 0 < arrays["fill"] <= 1, (stage, arrays)
             assert arrays["tokens"] == round(arrays["fill"] * arrays["rows"] * 512), (stage, arrays)
-    # The retained actors were evaluated: episodes on disk, one eval.json per stage.
+    # The retained actors were evaluated: episodes on disk, one eval.json per stage; each row's
+    # hash is that of the checkpoint it evaluated (restored here), the final one where retained.
+    from tr.train.checkpoint import tree_hash
     for row in report["stages"]:
         assert (workdir / "report-evals" / row["stage"] / "eval.json").is_file()
         summary = json.loads((workdir / row["stage"] / "summary.json").read_text())
-        assert len(row["actor_hash"]) == 64 and row["actor_hash"] == summary["actor_hash"]
+        params = terminal_rsi.restore_actor(workdir, row["stage"], row["retained_step"])[3]
+        assert len(row["actor_hash"]) == 64 and row["actor_hash"] == tree_hash(params)
+        if row["retained_step"] == summary["finished_step"]:
+            assert row["actor_hash"] == summary["actor_hash"]
     assert terminal_rsi.base_hash(report) == report["stages"][0]["actor_hash"]
     first_of = {}   # a stage whose retained actor was already evaluated (kept its step 0) reuses it
     for row in report["stages"]:

@@ -256,6 +256,35 @@ def retained_step(run_dir: pathlib.Path, stage: str) -> int:
     return int(summary["finished_step"] if step is None else step)
 
 
+def restore_actor(run_dir: pathlib.Path, stage: str, step: int):
+    """(Decoder with `stage`'s actor at `step`, tokenizer, system prompt, its parameter dict)."""
+    from flax import nnx  # pylint: disable=g-import-not-at-top
+
+    from tr.models.decoder import Decoder  # pylint: disable=g-import-not-at-top
+    from tr.models.weights import assign_params  # pylint: disable=g-import-not-at-top
+    from tr.train.checkpoint import StageStore  # pylint: disable=g-import-not-at-top
+
+    model_config, tokenizer, system_prompt = stage_graph(run_dir, stage)
+    model = Decoder(model_config, rngs=nnx.Rngs(0))
+    target = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    with StageStore(run_dir, stage, async_save=False) as store:
+        params = store.restore_item("actor_params", target, step=step)
+    assign_params(model, params)
+    return model, tokenizer, system_prompt, params
+
+
+def retained_actor_hash(run_dir: pathlib.Path, stage: str) -> str | None:
+    """`tree_hash` of the actor a stage retained (the one its report row evaluates): the summary's
+    final `actor_hash` when it retained its last step, else that of the checkpoint restored."""
+    summary = json.loads((run_dir / stage / "summary.json").read_text())
+    step = retained_step(run_dir, stage)
+    if step == summary.get("finished_step", step):
+        return summary.get("actor_hash")
+    from tr.train.checkpoint import tree_hash  # pylint: disable=g-import-not-at-top
+
+    return tree_hash(restore_actor(run_dir, stage, step)[3])
+
+
 def evaluate_stage(run_dir: pathlib.Path, stage: str, report_config, tasks, *, seed: int,
                    same_actor: dict | None = None) -> dict:
     """Mean@k / Pass@1 of `stage`'s retained actor on `tasks` (evaluation sampling); cached.
@@ -277,20 +306,11 @@ def evaluate_stage(run_dir: pathlib.Path, stage: str, report_config, tasks, *, s
         out_dir.mkdir(parents=True, exist_ok=True)
         _write_json(cached, data)
         return data
-    from flax import nnx  # pylint: disable=g-import-not-at-top
-
     from tr.agent import evaluation  # pylint: disable=g-import-not-at-top
     from tr.agent.policies import ModelPolicy  # pylint: disable=g-import-not-at-top
-    from tr.models.decoder import Decoder  # pylint: disable=g-import-not-at-top
-    from tr.models.weights import assign_params  # pylint: disable=g-import-not-at-top
     from tr.stages import common  # pylint: disable=g-import-not-at-top
-    from tr.train.checkpoint import StageStore  # pylint: disable=g-import-not-at-top
 
-    model_config, tokenizer, system_prompt = stage_graph(run_dir, stage)
-    model = Decoder(model_config, rngs=nnx.Rngs(0))
-    target = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-    with StageStore(run_dir, stage, async_save=False) as store:
-        assign_params(model, store.restore_item("actor_params", target, step=step))
+    model, tokenizer, system_prompt, _ = restore_actor(run_dir, stage, step)
     rc = report_config
     sampler = common.episode_sampler(model, tokenizer,
                                      concurrency=int(rc.concurrency),
@@ -431,7 +451,7 @@ def run(config, workdir) -> dict:
             continue
         # which checkpoint is evaluated: arms are comparable only from the same Base (the same
         # seed trains a different Base on another CPU: XLA CPU code differs per host)
-        actor_hash = json.loads((run_dir / stage / "summary.json").read_text()).get("actor_hash")
+        actor_hash = retained_actor_hash(run_dir, stage)
         data = evaluate_stage(run_dir, stage, rc, tasks, seed=777 + 1000 * int(config.seed),
                               same_actor=by_hash.get(actor_hash) if actor_hash else None)
         if actor_hash:
