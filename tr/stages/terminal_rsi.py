@@ -304,7 +304,7 @@ def evaluate_stage(run_dir: pathlib.Path, stage: str, report_config, tasks, *, s
         data = {**same_actor, "stage": stage, "retained_step": step, "eval_s": 0.0,
                 "same_actor_as": same_actor.get("same_actor_as", same_actor["stage"])}
         out_dir.mkdir(parents=True, exist_ok=True)
-        _write_json(cached, data)
+        _write(cached, json.dumps(data, indent=1, sort_keys=True, default=str))
         return data
     from tr.agent import evaluation  # pylint: disable=g-import-not-at-top
     from tr.agent.policies import ModelPolicy  # pylint: disable=g-import-not-at-top
@@ -330,14 +330,8 @@ def evaluate_stage(run_dir: pathlib.Path, stage: str, report_config, tasks, *, s
     finally:
         sampler.close()
     data = {"stage": stage, "retained_step": step, "eval_s": time.monotonic() - t0, **summary}
-    _write_json(cached, data)
+    _write(cached, json.dumps(data, indent=1, sort_keys=True, default=str))
     return data
-
-
-def _write_json(path: pathlib.Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str))
-    tmp.replace(path)
 
 
 def stage_row(row: str, data: dict, split: str) -> dict:
