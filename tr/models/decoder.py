@@ -300,10 +300,11 @@ class Attention(nnx.Module):
 
     def extend(self, x: jax.Array, cos: jax.Array, sin: jax.Array, cache_k: jax.Array, cache_v: jax.Array,
                valid: jax.Array, new_mask: jax.Array, span: jax.Array, block: int, rows: jax.Array | None,
-               layer: jax.Array | int) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Attention of new tokens after a READ-ONLY head-major cache, layer `layer` of the stacked
-        `[n_layers, B, K, S, head_dim]` (`Decoder.extend`): query t sees the valid cached slots `< span` and the new tokens
-        `new_mask[b, t]` allows; returns (y, k_new, v_new `[B, T, K, head_dim]`)."""
+               write_at: jax.Array, layer: jax.Array | int) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Attention of new tokens after a head-major cache, layer `layer` of the stacked
+        `[n_layers, B, K, S, head_dim]` (`Decoder.extend`): the new tokens' K/V are written at
+        slots `write_at[b] ..` of the layer (`_write_rows`), then query t sees the valid cached
+        slots `< span` and the new tokens `new_mask[b, t]` allows; returns (y, cache_k, cache_v)."""
         dt = self.config.compute_dtype
         q = jnp.einsum("btd,dhk->bthk", x, self.q_proj.get_value().astype(dt))
         k = jnp.einsum("btd,dhk->bthk", x, self.k_proj.get_value().astype(dt))
@@ -315,11 +316,36 @@ class Attention(nnx.Module):
         b, t, h, d = q.shape
         n_kv = k.shape[2]
         qg = q.reshape(b, t, n_kv, h // n_kv, d).transpose(0, 2, 3, 1, 4) * (d ** -0.5)   # [b, k, g, t, d]
-        out = _attend_online(qg, cache_k, cache_v, layer, valid, span, block, rows,
-                             k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), new_mask)
+        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)                         # [b, K, t, d]
+        cache_k, cache_v = _write_rows((cache_k, cache_v), (k, v), layer, rows, write_at)
+        out = _attend_online(qg, cache_k, cache_v, layer, valid, span, block, rows, k, v, new_mask)
         out = out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
         y = jnp.einsum("bthk,hkd->btd", out, self.o_proj.get_value().astype(dt))
-        return y, k, v
+        return y, cache_k, cache_v
+
+
+def _write_rows(cache, new, layer, rows, write_at):
+    """`cache[layer, rows[i], :, write_at[i] : write_at[i] + t] = new[i]` for each query row i, in
+    place (one `dynamic_update_slice` per row: a scatter cost a pass over the whole cache); a row
+    index `>= B` (padding) writes nothing. cache: (keys, values) `[n_layers, B, K, S, d]`, new:
+    (k, v) `[b, K, t, d]`. The slots written lie at or beyond the row's valid end, so `valid` hides
+    them from this layer's read (the new tokens are attended through `new`)."""
+    n_rows = cache[0].shape[1]
+    zero = jnp.zeros((), jnp.int32)
+    layer = jnp.asarray(layer, jnp.int32)
+
+    def write(i, kv):
+        row = i if rows is None else rows[i]
+        at = (layer, jnp.minimum(row, n_rows - 1), zero, write_at[i], zero)
+        out = []
+        for c, n in zip(kv, new):
+            piece = jax.lax.dynamic_slice_in_dim(n, i, 1, axis=0)[None].astype(c.dtype)   # [1, 1, K, t, d]
+            if rows is not None:                                   # padding rows keep what is there
+                piece = jnp.where(row < n_rows, piece, jax.lax.dynamic_slice(c, at, piece.shape))
+            out.append(jax.lax.dynamic_update_slice(c, piece, at))
+        return tuple(out)
+
+    return jax.lax.fori_loop(0, new[0].shape[0], write, tuple(cache))
 
 
 def _attend_online(qg, cache_k, cache_v, layer, valid, span, block, rows, new_k, new_v, new_mask):
@@ -404,13 +430,13 @@ class Block(nnx.Module):
         x = constrain(x, ("activation_batch", "activation_length", "activation_embed"))
         return x, new_kv
 
-    def extend(self, x, cos, sin, cache_k, cache_v, valid, new_mask, span, block, rows, layer):
-        attn_out, k, v = self.self_attn.extend(self.input_layernorm(x), cos, sin, cache_k, cache_v, valid,
-                                               new_mask, span, block, rows, layer)
+    def extend(self, x, cos, sin, cache_k, cache_v, valid, new_mask, span, block, rows, write_at, layer):
+        attn_out, cache_k, cache_v = self.self_attn.extend(
+            self.input_layernorm(x), cos, sin, cache_k, cache_v, valid, new_mask, span, block, rows, write_at, layer)
         x = x + attn_out
         x = x + self.mlp(self.post_attention_layernorm(x))
         x = constrain(x, ("activation_batch", "activation_length", "activation_embed"))
-        return x, k, v
+        return x, cache_k, cache_v
 
 
 def positions_from_segments(segment_ids: Int[Array, "b l"]) -> Int[Array, "b l"]:
@@ -519,22 +545,29 @@ class Decoder(nnx.Module):
         return x, cache_kv
 
     def extend(self, tokens: Int[Array, "b t"], positions: Int[Array, "b t"], token_mask: Bool[Array, "b t"],
-               keys: jax.Array, values: jax.Array, valid: Bool[Array, "b s"], *, span: jax.Array | None = None,
-               block: int = 256, rows: Int[Array, "b"] | None = None
+               keys: jax.Array, values: jax.Array, valid: Bool[Array, "b s"], write_at: Int[Array, "b"], *,
+               span: jax.Array | None = None, block: int = 256, rows: Int[Array, "b"] | None = None
                ) -> tuple[Float[Array, "b t d"], jax.Array, jax.Array]:
-        """Final-norm hidden states of `tokens` read after a cache that is only READ (rows at any lengths).
+        """Final-norm hidden states of `tokens` after a cache of rows at any lengths, whose new K/V
+        it writes.
 
         `keys/values [n_layers, B, K, S, head_dim]` (head-major: each row's head is one contiguous
-        `[S, head_dim]` matrix; token row i reads cache row `rows[i]`, clipped, or row i when `rows`
-        is None, so a few rows of a large cache are read without copying it), `valid [b, S]` the
-        cached slots each token row may see; new token t of
-        row b attends to them and to new tokens `j <= t` with `token_mask[b, j]` (one softmax over
-        both). Only slots `< span` (a traced bound on every row's valid slots; default all) are read,
-        `block` slots at a time with an online softmax, so the cost follows the rows' lengths, not S.
-        Returns `(h [B, T, d], new_keys, new_values [n_layers, B, T, K, head_dim])`: the caller
-        writes them wherever its rows keep their tokens (`tr.sampling.slots` scatters them at
-        per-row ends), so the cache is never copied or carried through the layers. The same numbers
-        as `hidden_states` with a cache holding those slots, up to float rounding.
+        `[S, head_dim]` matrix; token row i uses cache row `rows[i]`, or row i when `rows` is None,
+        so a few rows of a large cache are read without copying it; a row `>= B` is padding),
+        `valid [b, S]` the cached slots each token row may see; new token t of row b attends to them
+        and to new tokens `j <= t` with `token_mask[b, j]` (one softmax over both). Only slots
+        `< span` (a traced bound on every row's valid slots; default all) are read, `block` slots at
+        a time with an online softmax, so the cost follows the rows' lengths, not S.
+
+        Layer by layer the new tokens' K/V are first written at slots `write_at[i] .. +T-1` of their
+        row (padding tokens too: they land beyond the row's end, hidden by `valid` until
+        overwritten), then the layer is read (`valid` hides the slots just written). Writing before
+        reading makes each in-place write follow the previous layer's read by data, so the cache is
+        one buffer updated in place; with all writes after the layers, XLA could schedule them
+        before the last layer's read and copied the whole cache twice per call (4 x 42 MB per decode
+        step of 16 rows x 1,280 slots on the gym model: most of a step's time). Returns
+        `(h [B, T, d], keys, values)`. The same numbers as `hidden_states` with a cache holding
+        those slots, up to float rounding.
         """
         c = self.config
         t = tokens.shape[1]
@@ -546,25 +579,23 @@ class Decoder(nnx.Module):
         new_mask = causal[None] & token_mask[:, None, :]                       # [B, T(query), T(key)]
         graphdef, stacked = nnx.split(self.layers)
 
-        def layer_fn(x, params, layer):  # the whole cache goes in: only blocks of it are read
+        def layer_fn(x, keys, values, params, layer):  # the whole cache goes in: blocks of it are read
             return nnx.merge(graphdef, params).extend(x, cos, sin, keys, values, valid, new_mask, span, block,
-                                                      rows, layer)
+                                                      rows, write_at, layer)
 
         if not c.scan_layers:
-            new = []
             for layer in range(c.n_layers):
                 params = jax.tree.map(lambda a, i=layer: a[i], stacked)
-                x, k, v = layer_fn(x, params, layer)
-                new.append((k, v))
-            return self.norm(x), jnp.stack([k for k, _ in new]), jnp.stack([v for _, v in new])
+                x, keys, values = layer_fn(x, keys, values, params, layer)
+            return self.norm(x), keys, values
 
-        def body(x, xs):
+        def body(carry, xs):
             params, layer = xs
-            x, k, v = layer_fn(x, params, layer)
-            return x, (k, v)
+            return layer_fn(*carry, params, layer), None
 
-        x, (new_k, new_v) = jax.lax.scan(body, x, (stacked, jnp.arange(c.n_layers, dtype=jnp.int32)))
-        return self.norm(x), new_k, new_v
+        (x, keys, values), _ = jax.lax.scan(body, (x, keys, values),
+                                            (stacked, jnp.arange(c.n_layers, dtype=jnp.int32)))
+        return self.norm(x), keys, values
 
     def output_matrix(self) -> Float[Array, "d v"]:
         """The `[d_model, vocab]` output projection (the transposed embedding when tied)."""

@@ -148,25 +148,17 @@ def _rows_forward(model: Decoder, keys, values, end, tokens, positions, mask, sp
 
     keys/values `[n_layers, R, K, S, hd]` (head-major), `rows [B]` the distinct cache rows computed
     (None: all R in order), end `[B]` their lengths, tokens/positions/mask `[B, T]`, span: a bound
-    on `end` over the rows whose results are used (only slots `< span` are read). The cache is only
-    read (`Decoder.extend`); the new tokens' K/V are then written at slots `end[b] .. end[b]+T-1` of
-    row `rows[b]`, one `dynamic_update_slice` per row (in place: a scatter here cost a pass over the
-    whole allocated cache per step). A masked-out token's K/V land at or beyond `end[b]`, which
-    `valid` hides until a later write replaces them. Returns (keys, values, hidden `[B, T, d]`).
+    on `end` over the rows whose results are used (only slots `< span` are read). The new tokens'
+    K/V are written at slots `end[b] .. end[b]+T-1` of row `rows[b]`, in place, layer by layer
+    before that layer's read (`Decoder.extend`). A masked-out token's K/V land at or beyond
+    `end[b]`, which `valid` hides until a later write replaces them. Returns (keys, values, hidden
+    `[B, T, d]`).
     """
     n_slots = keys.shape[3]
     valid = jnp.arange(n_slots)[None] < end[:, None]
-    hidden, new_k, new_v = model.extend(tokens, positions, mask, keys, values, valid, span=span, block=block,
-                                        rows=rows)
-    new_k, new_v = new_k.transpose(0, 1, 3, 2, 4), new_v.transpose(0, 1, 3, 2, 4)      # [L, B, K, T, hd]
-    zero = jnp.zeros((), jnp.int32)
-
-    def write(b, kv):
-        at = (zero, b if rows is None else rows[b], zero, jnp.minimum(end[b], n_slots - tokens.shape[1]), zero)
-        return tuple(jax.lax.dynamic_update_slice(c, jax.lax.dynamic_slice_in_dim(n, b, 1, axis=1), at)
-                     for c, n in zip(kv, (new_k, new_v)))
-
-    keys, values = jax.lax.fori_loop(0, tokens.shape[0], write, (keys, values))
+    write_at = jnp.minimum(end, n_slots - tokens.shape[1])
+    hidden, keys, values = model.extend(tokens, positions, mask, keys, values, valid, write_at, span=span,
+                                        block=block, rows=rows)
     return keys, values, hidden
 
 
@@ -276,23 +268,11 @@ class EpisodeSampler:
         positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
         mask = jnp.arange(t)[None] < n_real[:, None]
         valid = jnp.arange(keys.shape[3])[None] < start[:, None]
-        hidden, new_k, new_v = model.extend(tokens, positions, mask, keys, values, valid, span=jnp.max(start),
-                                            block=self.attention_block, rows=rows)   # reads only `rows`
-        # Row i's chunk goes to slots start[i] .. start[i]+T-1 of its row by one in-place
-        # dynamic_update_slice (the slack after `capacity` holds it; padding tokens land beyond the
-        # row's new end, hidden by `valid` until overwritten); padding rows write nothing.
-        new_k, new_v = new_k.transpose(0, 1, 3, 2, 4), new_v.transpose(0, 1, 3, 2, 4)   # [L, Bj, K, T, hd]
-        zero = jnp.zeros((), jnp.int32)
-
-        def write(i, kv):
-            at = (zero, jnp.minimum(rows[i], self.slots - 1), zero, start[i], zero)
-            size = (kv[0].shape[0], 1, kv[0].shape[2], t, kv[0].shape[4])
-            return tuple(jax.lax.dynamic_update_slice(
-                c, jnp.where(rows[i] < self.slots, jax.lax.dynamic_slice_in_dim(n, i, 1, axis=1),
-                             jax.lax.dynamic_slice(c, at, size)), at)
-                for c, n in zip(kv, (new_k, new_v)))
-
-        keys, values = jax.lax.fori_loop(0, tokens.shape[0], write, (keys, values))
+        # Row i's chunk goes to slots start[i] .. start[i]+T-1 of its row, in place (the slack after
+        # `capacity` holds it; padding tokens land beyond the row's new end, hidden by `valid` until
+        # overwritten); padding rows write nothing. Only `rows` are read.
+        hidden, keys, values = model.extend(tokens, positions, mask, keys, values, valid, start,
+                                            span=jnp.max(start), block=self.attention_block, rows=rows)
         end = end.at[rows].set(start + n_real, mode="drop")
         last = jnp.take_along_axis(hidden, jnp.maximum(n_real - 1, 0)[:, None, None], axis=1)[:, 0]
         new_logits = model.project(last)
