@@ -24,14 +24,16 @@ state back. `decode_buckets=1` (and `batch_invariant`) decodes every row every c
 **Cache layout.** Head-major: `keys, values [n_layers, slots, n_kv_heads, S, head_dim]` and
 `end [slots]` (rows are at different lengths); row `b` holds its tokens in slots `0 .. end[b]-1` (no
 padding holes: a token's rotary position is its slot), `valid = slot < end`. Every call runs the
-decoder on its rows as one batch through `Decoder.extend`, which only READS the cache (each row's
-head a contiguous `[S, head_dim]` matrix; slots `< span`, the longest participating row, in
+decoder on its rows as one batch through `Decoder.extend`, which, layer by layer, writes the new
+tokens' K/V at each row's `end` (one in-place `dynamic_update_slice` per row, where a scatter cost a
+pass over the whole cache per step; no `vmap`) and then reads the layer (each row's head a
+contiguous `[S, head_dim]` matrix; slots `< span`, the longest participating row, in
 `attention_block`-slot blocks with an online softmax, so a step costs what the rows' lengths need,
-not `S`) and returns the new tokens' K/V, which are then written at each row's `end` (the only
-cache write: nothing is copied or carried through the layers, no `vmap`; decode writes one
-`dynamic_update_slice` per row, in place, where a scatter cost a pass over the whole cache per
-step; prefill likewise, per row of the call). `capacity` (slots per
-row) grows by doubling up to `cache_len` when a request needs more.
+not `S`; the slots just written are masked). Write-before-read orders every write after the reads
+it must follow by data, so the cache is one buffer updated in place: no whole-cache copy in any
+compiled call (`cache_copies()`; with the writes after all layers XLA copied the cache twice per
+call, most of a decode step). `capacity` (slots per row) grows by doubling up to `cache_len` when a
+request needs more.
 
 **Prefill.** The requests admitted together are prefilled in calls of a power-of-two number of rows
 (the binary digits of their count: 5 rows are a 4-row and a 1-row call, never 8 with 3 of padding),
@@ -591,21 +593,45 @@ class EpisodeSampler:
                 raise RuntimeError("EpisodeSampler.precompile: requests in flight")
             self._grow(min(int(capacity or self.cache_len), _bucket(self.cache_len, 1)))
             for bit in range(self.slots.bit_length()):
-                bj = 1 << bit
-                pad = np.full(bj, self.slots, np.int32)
-                zeros = np.zeros(bj, np.int32)
-                fields = {"max_new": np.ones(bj, np.int32), "temperature": np.ones(bj, np.float32),
-                          "top_p": np.ones(bj, np.float32), "seed": zeros, "salt": zeros,
-                          "stop_ids": np.full((bj, MAX_STOP_IDS), -1, np.int32)}
-                self._keys, self._values, self._end, self._dec = self._prefill_fn(
-                    self.state, self._keys, self._values, self._end, self._dec, pad,
-                    np.zeros((bj, self.prefill_chunk), np.int32), zeros, zeros, fields)
+                self._keys, self._values, self._end, self._dec = self._prefill_fn(*self._padding_prefill(1 << bit))
             for n_rows in range(self.row_quantum, self.slots + self.row_quantum, self.row_quantum):
                 self._keys, self._values, self._end, self._dec, _ = self._decode_fn(
                     self.state, self._keys, self._values, self._end, self._dec, np.bool_(False),
                     np.int32(self.decode_steps), self._decode_rows(list(range(min(n_rows, self.slots)))))
             jax.block_until_ready(self._keys)
         return dict(self.compile_counts)
+
+    def _padding_prefill(self, bj: int) -> tuple:
+        """Arguments of a prefill call of `bj` padding rows (they change nothing)."""
+        zeros = np.zeros(bj, np.int32)
+        fields = {"max_new": np.ones(bj, np.int32), "temperature": np.ones(bj, np.float32),
+                  "top_p": np.ones(bj, np.float32), "seed": zeros, "salt": zeros,
+                  "stop_ids": np.full((bj, MAX_STOP_IDS), -1, np.int32)}
+        return (self.state, self._keys, self._values, self._end, self._dec, np.full(bj, self.slots, np.int32),
+                np.zeros((bj, self.prefill_chunk), np.int32), zeros, zeros, fields)
+
+    def cache_copies(self) -> dict[str, int]:
+        """Whole-cache copies in each compiled piece at the current capacity, read off XLA's
+        optimised HLO (`prefill` of one row; `decode` of every row and, when rows are bucketed,
+        `decode_rows` of the smallest bucket): 0 means the call updates the cache in place. A
+        copy is a pass over the whole cache, per call for prefill and per token for decode (the
+        writes once followed the reads only by luck of the schedule, `Decoder.extend`). A
+        diagnostic for tests and benchmarks; it compiles (the persistent cache aside)."""
+        shape = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}[jnp.dtype(self._keys.dtype).name]
+        shape += "[" + ",".join(map(str, self._keys.shape)) + "]"
+
+        def copies(lowered) -> int:
+            return sum(shape in line and " copy(" in line for line in lowered.compile().as_text().splitlines())
+
+        decode = (self.state, self._keys, self._values, self._end, self._dec, np.bool_(False),
+                  np.int32(self.decode_steps))
+        with self._mesh_context():
+            out = {"prefill": copies(self._prefill_fn.lower(*self._padding_prefill(1))),
+                   "decode": copies(self._decode_fn.lower(*decode, None))}
+            rows = self._decode_rows([0])
+            if rows is not None:
+                out["decode_rows"] = copies(self._decode_fn.lower(*decode, rows))
+        return out
 
     def _decode_rows(self, active: list[int]) -> np.ndarray | None:
         """The rows a decode call computes: `active` (ascending) padded with idle rows to a multiple
