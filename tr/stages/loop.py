@@ -6,7 +6,8 @@
         batch    = training arrays [rows, length] + targets computed once          (steps.targets)
         state    = the phase's updates on the batch                               (epochs x minis)
         sampler  <- state.actor_params                                            (weight sync)
-        metrics.jsonl <- one line per update; a progress line on stderr
+        metrics.jsonl <- one line per update (with the iteration's `seconds` per part); a
+                         progress line on stderr
         checkpoint (stage store), then `val` evaluation when due
 
 A stage is a list of `Phase`s (RPR: 4 critic-only calibration iterations, then PPO); the
@@ -22,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import time
 from typing import Callable, Sequence
 
 import jax
@@ -150,24 +152,30 @@ def train_loop(parts: LoopParts, state: TrainState, store, phases: Sequence[Phas
             tasks = tasks + common.iteration_tasks(
                 parts.train_tasks, 10_000 + iteration, max(1, -(-extra // int(rollout.group_size))),
                 int(config.seed))
+        clock = _Clock()
         records, rollout_stats = common.cached_rollouts(
             parts.stage_dir / "rollouts" / f"{iteration:05d}.jsonl",
             lambda tasks=tasks, seed=seed: actor.rollouts(
                 tasks, seed=seed, group_size=int(rollout.group_size),
                 keep_first=n_keep if extra else None, prefix=f"it{iteration}"))
+        clock.lap("rollouts")
         rewards = parts.rewards(records)
         batch, array_stats = common.training_arrays(
             records, rewards, rows=int(config.arrays.rows), length=int(config.arrays.length),
             num_windows=int(config.train.ppo.num_windows),
             pack_multiple=int(config.arrays.get("pack_multiple", 0)))
         batch = {k: jax.numpy.asarray(v) for k, v in batch.items()}
-        prepared = {**batch, **parts.targets(state, batch)}
+        clock.lap("arrays")
+        prepared = jax.block_until_ready({**batch, **parts.targets(state, batch)})
+        clock.lap("targets")
         state, history = phase.update(state, prepared, seed)
+        jax.block_until_ready(state)
+        clock.lap("updates")
         actor.sync(state.actor_params)
         first_step = int(jax.device_get(state.step)) - len(history)
         shared = {"stage": config.name, "iteration": iteration, "phase": phase.name,
                   "rollouts": {**common.rollout_summary(records, rewards), **rollout_stats},
-                  "arrays": array_stats}
+                  "arrays": array_stats, "seconds": clock.laps}
         log.write([{**shared, "step": first_step + i + 1, **metrics}
                    for i, metrics in enumerate(history)])
         store.save(state, force=True)
@@ -180,6 +188,19 @@ def train_loop(parts: LoopParts, state: TrainState, store, phases: Sequence[Phas
             evaluate(iteration)
     store.wait()
     return state
+
+
+class _Clock:
+    """Wall seconds per named part of an iteration (`seconds` in its metrics lines)."""
+
+    def __init__(self):
+        self.laps: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = round(now - self._last, 3)
+        self._last = now
 
 
 def _eval_due(iteration: int, total: int, every: int) -> bool:
