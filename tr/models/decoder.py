@@ -190,6 +190,8 @@ class AttentionMask:
 
     (causal within a packed segment; with a cache, slots are cache positions and `key_valid` marks
     slots holding real tokens). `dense(rows)` builds the boolean mask of some query rows.
+    `self_causal` (static): queries and keys are the same T tokens, `query_slot = key_slot =
+    arange(T)`, so query i sees no key after i (`attend` then skips the blocks above the diagonal).
     """
 
     query_slot: jax.Array      # [T] int32
@@ -197,6 +199,12 @@ class AttentionMask:
     query_segment: jax.Array   # [B, T] int32
     key_segment: jax.Array     # [B, S] int32
     key_valid: jax.Array       # [B, S] bool
+    self_causal: bool = struct.field(pytree_node=False, default=False)
+
+    def keys_before(self, n: int) -> "AttentionMask":
+        """The mask restricted to the first `n` keys."""
+        return self.replace(key_slot=self.key_slot[:n], key_segment=self.key_segment[:, :n],
+                            key_valid=self.key_valid[:, :n])
 
     def dense(self, query_slot: jax.Array | None = None, query_segment: jax.Array | None = None
               ) -> Bool[Array, "b t s"]:
@@ -233,10 +241,14 @@ def attend(q: Float[Array, "b t h d"], k: Float[Array, "b s k d"], v: Float[Arra
            mask: AttentionMask, *, query_chunk: int = 0) -> Float[Array, "b t h d"]:
     """Grouped-query softmax attention: `softmax(q k^T / sqrt(d) + mask) v`, logits in float32.
 
-    `query_chunk > 0` computes it `query_chunk` queries at a time (`lax.map`, each block
-    rematerialised in the backward pass), so at most `[B, H, query_chunk, S]` scores exist at once
-    instead of `[B, H, T, S]`: exact, the same numbers. Blocks are taken inside each shard of a
-    context-parallel query axis (block i of every shard together), so the map never crosses devices.
+    `query_chunk > 0` computes it `query_chunk` queries at a time (each block rematerialised in the
+    backward pass), so at most `[B, H, query_chunk, S]` scores exist at once instead of
+    `[B, H, T, S]`: exact up to float rounding. With a `self_causal` mask on one shard, block i
+    reads only the keys `< (i + 1) * query_chunk` (the blocks above the diagonal are all masked):
+    about half the work of the dense form (gym model, 8 rows x 1,024 tokens on 2 CPU cores: an SFT
+    step 3.7 s dense, 2.2 s in blocks of 128 over every key, 2.1 s skipping; smaller blocks keep
+    the scores in cache, most of the gain). Otherwise blocks are taken inside each shard of a context-parallel query axis (block
+    i of every shard together, `lax.map`), so the map never crosses devices.
     """
     b, t = q.shape[:2]
     shards = _length_shards(t)
@@ -245,6 +257,17 @@ def attend(q: Float[Array, "b t h d"], k: Float[Array, "b s k d"], v: Float[Arra
     if chunk >= local:
         return _attend_dense(q, k, v, mask.dense())
     n = local // chunk
+    if mask.self_causal and shards == 1:
+        def causal_block(q_block, k_block, v_block, slots, segments, block_mask):
+            return _attend_dense(q_block, k_block, v_block, block_mask.dense(slots, segments))
+
+        causal_block = jax.checkpoint(causal_block, static_argnums=())
+        outs = []
+        for i in range(n):
+            rows, keys = slice(i * chunk, (i + 1) * chunk), (i + 1) * chunk
+            outs.append(causal_block(q[:, rows], k[:, :keys], v[:, :keys], mask.query_slot[rows],
+                                     mask.query_segment[:, rows], mask.keys_before(keys)))
+        return jnp.concatenate(outs, axis=1)
 
     def blocks(x):  # [b, t, ...] -> [n, b, shards * chunk, ...]; block i = chunk i of every shard
         x = x.reshape(x.shape[0], shards, n, chunk, *x.shape[2:])
@@ -494,7 +517,7 @@ class Decoder(nnx.Module):
                 positions = positions_from_segments(segment_ids)
             index = jnp.arange(t, dtype=jnp.int32)
             mask = AttentionMask(query_slot=index, key_slot=index, query_segment=segment_ids,
-                                 key_segment=segment_ids, key_valid=jnp.ones((b, t), bool))
+                                 key_segment=segment_ids, key_valid=jnp.ones((b, t), bool), self_causal=True)
             end = None
         else:
             if positions is None:
