@@ -75,6 +75,8 @@ def check_quick_run(run: pathlib.Path, state: pathlib.Path) -> None:
     report = json.loads((run / "report.json").read_text())
     assert report["experiment"] == "reterm" and report["variant"] == "quick"
     assert report["seed"] == 0 and report["wall_s"] > 0
+    machine = report["machine"]   # runs compare only within one kind of machine
+    assert machine["cores"] >= 1 and machine["cpu"] and machine["backend"] == "cpu" and machine["jax"]
     assert set(report["arms"]) == {"base", "sft", "grpo", "reterm_grpo"}
     for arm in report["arms"].values():
         assert 0.0 <= arm["pass_at_1"] <= 1.0 and 1 <= arm["episodes"] <= 3

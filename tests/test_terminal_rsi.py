@@ -55,6 +55,8 @@ def test_quick_runs_end_to_end_and_writes_the_report(quick_run):
     assert REPORT_KEYS <= set(report)
     assert report["experiment"] == "terminal_rsi" and report["variant"] == "quick"
     assert report["seed"] == 0 and report["wall_s"] > 0
+    machine = report["machine"]   # runs compare only within one kind of machine
+    assert machine["cores"] >= 1 and machine["cpu"] and machine["backend"] == "cpu" and machine["jax"]
     names = [row["name"] for row in report["stages"]]
     expected = [n for n in terminal_rsi.REPORT_ROWS
                 if n not in {s["name"] for s in report["skipped"]}]

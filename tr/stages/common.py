@@ -584,6 +584,32 @@ def read_metrics(path: pathlib.Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
+# Instruction-set features that change XLA's CPU code (and so, through float rounding, a run's
+# numbers: the same seed trains a different Base on another kind of machine).
+_ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile")
+
+
+def machine_info() -> dict:
+    """What a report records of the machine it ran on: CPU model, cores, the ISA features XLA's CPU
+    code depends on, the JAX backend and versions (runs compare only within one machine kind)."""
+    import os
+    import platform
+    cpu, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                cpu = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "isa": [f for f in _ISA_FLAGS if f in flags],
+            "backend": jax.default_backend(), "jax": jax.__version__,
+            "jaxlib": getattr(__import__("jaxlib"), "__version__", "?")}
+
+
 def to_host(metrics: dict) -> dict:
     return {k: float(v) for k, v in jax.device_get(metrics).items()}
 

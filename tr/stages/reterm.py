@@ -871,8 +871,10 @@ def run(config, workdir):
 
     dataset = summaries["sft"]["dataset"]
     reterm_summary = summaries["reterm_grpo"]
+    from tr.stages.common import machine_info  # pylint: disable=g-import-not-at-top
     report = {"experiment": "reterm", "variant": config.variant, "seed": config.seed,
               "wall_s": time.monotonic() - t_start, "arms": arms,
+              "machine": machine_info(),
               "dataset": {k: dataset[k] for k in ("failures", "recoveries", "kept", "rejected_by",
                                                   "flagged", "shards", "collection")},
               "queue": {"capacity": config.queue.capacity, "sampling": config.queue.sampling,

@@ -419,6 +419,11 @@ def rescore_run(run_dir: pathlib.Path, stages: Sequence[str], scales_stage: str)
 # The job
 
 
+def _machine() -> dict:
+    from tr.stages import common  # pylint: disable=g-import-not-at-top
+    return common.machine_info()
+
+
 def run(config, workdir) -> dict:
     t_start = time.monotonic()
     run_dir = pathlib.Path(workdir)
@@ -468,7 +473,7 @@ def run(config, workdir) -> dict:
                    "summary": _ev_summary(ev_curve(run_dir, ev_stages))},
         "ablation": _ablation_info(config),
         "skipped": skipped, "stage_wall_s": times, "test_eval_s": eval_s,
-        "test_tasks": len(tasks), "schedule": info["stages"],
+        "test_tasks": len(tasks), "schedule": info["stages"], "machine": _machine(),
     }
     rpr_stages = [report_stages[r] for r in ("rpr1", "rpr2") if r in report_stages]
     rescored = rescore_run(run_dir, rpr_stages, rpr_stages[0]) if rpr_stages else None
@@ -584,6 +589,10 @@ def report_markdown(report: dict) -> str:
            f"start(s) (stages {json.dumps(report['stage_wall_s'])}, "
            f"test evaluations {report['test_eval_s']:.0f} s); {report['test_tasks']} test tasks, "
            f"k = {k}.", ""]
+    if report.get("machine"):
+        m = report["machine"]
+        out += [f"Machine: {m['cpu']}, {m['cores']} cores, {' '.join(m['isa']) or 'no AVX'}; "
+                f"{m['backend']}, jax {m['jax']}.", ""]
     for gone in report.get("skipped", []):
         out.append(f"* **{gone['name']} not run**: {gone['why']}.")
     if report.get("skipped"):
