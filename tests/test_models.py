@@ -305,9 +305,11 @@ def test_scan_over_layers_equals_the_unrolled_loop(model):
     assert int(c_scan.end) == 12 and bool(c_scan.valid[:, :12].all()) and not bool(c_scan.valid[:, 12:].any())
 
 
-def test_query_chunked_attention_equals_all_at_once(model):
-    """attention_chunk: the same logits and gradients, packed segments included."""
-    chunked = _variant(attention_chunk=4)
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_query_chunked_attention_equals_all_at_once(model, remat):
+    """attention_chunk: the same logits and gradients, packed segments included; the causal blocks
+    kept for the backward (no remat) or recomputed in it."""
+    chunked = _variant(attention_chunk=4, remat=remat)
     tokens = _tokens(20, 2, 12)
     segments = jnp.array([[1] * 5 + [2] * 7, [3] * 12], jnp.int32)
     np.testing.assert_allclose(np.asarray(forward_seg(chunked, tokens, segments)),

@@ -238,17 +238,20 @@ def _length_shards(length: int) -> int:
 
 
 def attend(q: Float[Array, "b t h d"], k: Float[Array, "b s k d"], v: Float[Array, "b s k d"],
-           mask: AttentionMask, *, query_chunk: int = 0) -> Float[Array, "b t h d"]:
+           mask: AttentionMask, *, query_chunk: int = 0, keep_blocks: bool = False) -> Float[Array, "b t h d"]:
     """Grouped-query softmax attention: `softmax(q k^T / sqrt(d) + mask) v`, logits in float32.
 
     `query_chunk > 0` computes it `query_chunk` queries at a time (each block rematerialised in the
-    backward pass), so at most `[B, H, query_chunk, S]` scores exist at once instead of
-    `[B, H, T, S]`: exact up to float rounding. With a `self_causal` mask on one shard, block i
-    reads only the keys `< (i + 1) * query_chunk` (the blocks above the diagonal are all masked):
-    about half the work of the dense form (gym model, 8 rows x 1,024 tokens on 2 CPU cores: an SFT
-    step 3.7 s dense, 2.2 s in blocks of 128 over every key, 2.1 s skipping; smaller blocks keep
-    the scores in cache, most of the gain). Otherwise blocks are taken inside each shard of a context-parallel query axis (block
-    i of every shard together, `lax.map`), so the map never crosses devices.
+    backward pass unless `keep_blocks`), so at most `[B, H, query_chunk, S]` scores exist at once
+    instead of `[B, H, T, S]`: exact up to float rounding. With a `self_causal` mask on one shard,
+    block i reads only the keys `< (i + 1) * query_chunk` (the blocks above the diagonal are all
+    masked): about half the work of the dense form (gym model, 8 rows x 1,024 tokens on 2 CPU
+    cores: an SFT step 3.7 s dense, 2.2 s in blocks of 128 over every key, 2.1 s skipping, 2.0 s
+    keeping the blocks for the backward; a critic step 2.5 -> 2.1 s keeping them; smaller blocks
+    keep the scores in cache, most of the gain). Otherwise blocks are taken inside each shard of a
+    context-parallel query axis (block i of every shard together, `lax.map`), so the map never
+    crosses devices. `keep_blocks` (a model without remat) keeps each block's probabilities for the
+    backward pass instead of recomputing them.
     """
     b, t = q.shape[:2]
     shards = _length_shards(t)
@@ -261,7 +264,8 @@ def attend(q: Float[Array, "b t h d"], k: Float[Array, "b s k d"], v: Float[Arra
         def causal_block(q_block, k_block, v_block, slots, segments, block_mask):
             return _attend_dense(q_block, k_block, v_block, block_mask.dense(slots, segments))
 
-        causal_block = jax.checkpoint(causal_block, static_argnums=())
+        if not keep_blocks:
+            causal_block = jax.checkpoint(causal_block)
         outs = []
         for i in range(n):
             rows, keys = slice(i * chunk, (i + 1) * chunk), (i + 1) * chunk
@@ -317,7 +321,8 @@ class Attention(nnx.Module):
             k, v = cache_k[layer], cache_v[layer]
         kv_axes = ("activation_batch", "activation_kv_length", "activation_kv_heads", "activation_head_dim")
         k, v = constrain(k, kv_axes), constrain(v, kv_axes)
-        out = checkpoint_name(attend(q, k, v, mask, query_chunk=self.config.attention_chunk), "attention_out")
+        out = checkpoint_name(attend(q, k, v, mask, query_chunk=self.config.attention_chunk,
+                                     keep_blocks=self.config.remat == "none"), "attention_out")
         y = jnp.einsum("bthk,hkd->btd", out, self.o_proj.get_value().astype(dt))
         return y, new_kv
 
