@@ -614,9 +614,10 @@ class EpisodeSampler:
         """Whole-cache copies in each compiled piece at the current capacity, read off XLA's
         optimised HLO (`prefill` of one row; `decode` of every row and, when rows are bucketed,
         `decode_rows` of the smallest bucket): 0 means the call updates the cache in place. A
-        copy is a pass over the whole cache, per call for prefill and per token for decode (the
-        writes once followed the reads only by luck of the schedule, `Decoder.extend`). A
-        diagnostic for tests and benchmarks; it compiles (the persistent cache aside)."""
+        copy is a pass over the whole cache, per call for prefill and per token for decode (XLA
+        copied it while nothing but program order put the writes after the reads:
+        `Decoder.extend`). A diagnostic for tests and benchmarks; it compiles (the persistent cache
+        aside)."""
         shape = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}[jnp.dtype(self._keys.dtype).name]
         shape += "[" + ",".join(map(str, self._keys.shape)) + "]"
 
