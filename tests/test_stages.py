@@ -32,6 +32,7 @@ def metrics(run_dir, stage):
     lines = []
     for text in (pathlib.Path(run_dir) / stage / "metrics.jsonl").read_text().splitlines():
         line = json.loads(text)
+        line.pop("seconds", None)       # the iteration's wall seconds per part
         for key in NONDETERMINISTIC:
             line["rollouts"].pop(key, None)
         lines.append(line)
