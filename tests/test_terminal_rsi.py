@@ -80,6 +80,9 @@ def test_quick_runs_end_to_end_and_writes_the_report(quick_run):
             arrays = line["arrays"]
             assert arrays["rows"] in (2, 4) and 0 < arrays["fill"] <= 1, (stage, arrays)
             assert arrays["tokens"] == round(arrays["fill"] * arrays["rows"] * 512), (stage, arrays)
+            # the iteration's wall seconds per part, each measured
+            assert set(line["seconds"]) == {"rollouts", "arrays", "targets", "updates"}, line
+            assert all(s >= 0 for s in line["seconds"].values()) and line["seconds"]["updates"] > 0
     # The retained actors were evaluated: episodes on disk, one eval.json per stage; each row's
     # hash is that of the checkpoint it evaluated (restored here), the final one where retained.
     from tr.train.checkpoint import tree_hash
