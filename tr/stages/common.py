@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.metadata
 import json
 import math
+import os
 import pathlib
+import platform
 import sys
 import time
 from typing import Any, Sequence
@@ -592,8 +595,6 @@ _ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp
 def machine_info() -> dict:
     """What a report records of the machine it ran on: CPU model, cores, the ISA features XLA's CPU
     code depends on, the JAX backend and versions (runs compare only within one machine kind)."""
-    import os
-    import platform
     cpu, flags = platform.processor() or platform.machine(), set()
     try:
         for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
@@ -607,7 +608,7 @@ def machine_info() -> dict:
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "isa": [f for f in _ISA_FLAGS if f in flags],
             "backend": jax.default_backend(), "jax": jax.__version__,
-            "jaxlib": getattr(__import__("jaxlib"), "__version__", "?")}
+            "jaxlib": importlib.metadata.version("jaxlib")}
 
 
 def to_host(metrics: dict) -> dict:

@@ -419,12 +419,8 @@ def rescore_run(run_dir: pathlib.Path, stages: Sequence[str], scales_stage: str)
 # The job
 
 
-def _machine() -> dict:
-    from tr.stages import common  # pylint: disable=g-import-not-at-top
-    return common.machine_info()
-
-
 def run(config, workdir) -> dict:
+    from tr.stages import common  # pylint: disable=g-import-not-at-top
     t_start = time.monotonic()
     run_dir = pathlib.Path(workdir)
     info = validate(config)
@@ -473,7 +469,7 @@ def run(config, workdir) -> dict:
                    "summary": _ev_summary(ev_curve(run_dir, ev_stages))},
         "ablation": _ablation_info(config),
         "skipped": skipped, "stage_wall_s": times, "test_eval_s": eval_s,
-        "test_tasks": len(tasks), "schedule": info["stages"], "machine": _machine(),
+        "test_tasks": len(tasks), "schedule": info["stages"], "machine": common.machine_info(),
     }
     rpr_stages = [report_stages[r] for r in ("rpr1", "rpr2") if r in report_stages]
     rescored = rescore_run(run_dir, rpr_stages, rpr_stages[0]) if rpr_stages else None
