@@ -821,18 +821,21 @@ def run(config, workdir):
     # Each arm is evaluated as soon as its stage is finished (arms.json grows arm by arm), on
     # held-out failure states collected once from the Base on test, fixed for every arm.
     from tr.stages.registry import stage_kind
+    from tr.train.compile import CompileClock, use_compilation_cache
 
-    summaries, results, heldout, t_eval = {}, {}, [], 0.0
+    use_compilation_cache(workdir / "jax-cache")
+    summaries, results, heldout, t_eval, compile_s = {}, {}, [], 0.0, {}
     try:
         for i, entry in enumerate(entries):
             parent = entry.get("actor_from")
             if parent and parent not in summaries:
                 raise ConfigError(f"stages[{i}] ({entry['name']}): actor_from={parent!r} is not "
                                   "an earlier stage")
-            t0 = time.monotonic()
+            t0, clock = time.monotonic(), CompileClock()
             summaries[entry["name"]] = stage_kind(entry["kind"])(dict(entry), workdir)
+            compile_s[entry["name"]] = clock.read()
             _say(f"stage {entry['name']} ({entry['kind']}) done in {time.monotonic() - t0:.0f}s")
-            t0 = time.monotonic()
+            t0, clock = time.monotonic(), CompileClock()
             if entry["name"] == "base":
                 rt = runtime(parent_manifest(workdir, "base"), concurrency=int(config.concurrency),
                              max_output_tokens=int(config.eval.max_output_tokens))
@@ -851,6 +854,7 @@ def run(config, workdir):
                                                   entry["name"], config, test_tasks, heldout, by_id,
                                                   workdir)
             t_eval += time.monotonic() - t0
+            compile_s[f"eval_{entry['name']}"] = clock.read()
             (workdir / "arms.json").write_text(json.dumps(results, indent=1, sort_keys=True))
             r = results[entry["name"]]
             _say(f"arm {entry['name']}: Pass@1 {r['pass_at_1']:.3f} ({r['passed']}/"
@@ -885,6 +889,7 @@ def run(config, workdir):
               "queue_sweep": sweep,
               "curves": {"grpo": curve(workdir, "grpo"), "reterm_grpo": curve(workdir, "reterm_grpo")},
               "stages": summaries,
+              "compile_s": compile_s,
               "timings": {"stages_s": t_stages, "eval_s": t_eval,
                           **{f"{n}_s": s.get("wall_s") for n, s in summaries.items()}},
               "config": {"group_weighting": config.grpo.group_weighting,

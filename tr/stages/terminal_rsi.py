@@ -210,16 +210,21 @@ def _params_m(cfg) -> float:
 def run_stages(entries, shared, run_dir: pathlib.Path) -> dict:
     """The pipeline over `entries` (a finished stage returns its summary at once); wall time per
     stage in `stage_times.json`."""
-    times_path = run_dir / "stage_times.json"
+    from tr.train.compile import CompileClock  # pylint: disable=g-import-not-at-top
+
+    times_path, compile_path = run_dir / "stage_times.json", run_dir / "stage_compile_s.json"
     times = json.loads(times_path.read_text()) if times_path.exists() else {}
+    compiles = json.loads(compile_path.read_text()) if compile_path.exists() else {}
     summaries = {}
     for entry in entries:
         merged = _merge(shared, entry)
-        t0 = time.monotonic()
+        t0, clock = time.monotonic(), CompileClock()
         print(f"[terminal_rsi] stage {entry['name']} ({entry['kind']})", flush=True)
         summaries[entry["name"]] = stage_kind(entry["kind"])(merged, run_dir)
         times.setdefault(entry["name"], round(time.monotonic() - t0, 1))
+        compiles.setdefault(entry["name"], clock.read())
         times_path.write_text(json.dumps(times, indent=1))
+        compile_path.write_text(json.dumps(compiles, indent=1))
         (run_dir / "pipeline.json").write_text(
             json.dumps(summaries, indent=1, sort_keys=True, default=str))
     return summaries
@@ -430,7 +435,8 @@ def run(config, workdir) -> dict:
               flush=True)
         return info
     entries, shared, report_stages, skipped = schedule(config)
-    _compilation_cache(run_dir / "jax-cache")
+    from tr.train.compile import use_compilation_cache  # pylint: disable=g-import-not-at-top
+    use_compilation_cache(run_dir / "jax-cache")
     for gone in skipped:
         print(f"[terminal_rsi] skipping stage {gone['name']}: {gone['why']}", flush=True)
     summaries = run_stages(entries, shared, run_dir)
@@ -440,6 +446,8 @@ def run(config, workdir) -> dict:
     tasks = gym.split_tasks(rc.split, int(rc.count) or None,
                             seed=int(shared.get("tasks", {}).get("seed", 0)))
     rows, by_hash = [], {}
+    from tr.train.compile import CompileClock  # pylint: disable=g-import-not-at-top
+    eval_clock = CompileClock()
     for row in REPORT_ROWS:
         stage = report_stages.get(row)
         if stage is None:
@@ -461,6 +469,8 @@ def run(config, workdir) -> dict:
     ev_stages = {"warmup": "warmup"} if "warmup" in summaries else {}
     ev_stages.update({r: report_stages[r] for r in ("rpr1", "rpr2") if r in report_stages})
     times = json.loads((run_dir / "stage_times.json").read_text())
+    compile_s = json.loads((run_dir / "stage_compile_s.json").read_text())
+    compile_s["test_evaluations"] = eval_clock.read()
     report = {
         "experiment": "terminal_rsi", "variant": str(config.variant), "seed": int(config.seed),
         "wall_s": time.monotonic() - t_start,
@@ -469,6 +479,7 @@ def run(config, workdir) -> dict:
                    "summary": _ev_summary(ev_curve(run_dir, ev_stages))},
         "ablation": _ablation_info(config),
         "skipped": skipped, "stage_wall_s": times, "test_eval_s": eval_s,
+        "compile_s": compile_s,
         "test_tasks": len(tasks), "schedule": info["stages"], "machine": common.machine_info(),
     }
     rpr_stages = [report_stages[r] for r in ("rpr1", "rpr2") if r in report_stages]
@@ -493,19 +504,6 @@ def run(config, workdir) -> dict:
     print(f"[terminal_rsi] wrote {run_dir / 'report.json'}, report.md, plots/ "
           f"(wall {report['wall_s']:.0f}s)", flush=True)
     return report
-
-
-def _compilation_cache(folder: pathlib.Path) -> None:
-    """JAX's persistent compilation cache in the run directory (unless one is set): the stages
-    rebuild the same update and sampler graphs, so RPR-2 and the test evaluations reuse RPR-1's
-    and Base's executables, and a resumed run compiles nothing again."""
-    import jax  # pylint: disable=g-import-not-at-top
-
-    if jax.config.jax_compilation_cache_dir:
-        return
-    folder.mkdir(parents=True, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", str(folder))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
 def _write(path: pathlib.Path, text: str) -> None:
@@ -585,6 +583,11 @@ def report_markdown(report: dict) -> str:
            f"start(s) (stages {json.dumps(report['stage_wall_s'])}, "
            f"test evaluations {report['test_eval_s']:.0f} s); {report['test_tasks']} test tasks, "
            f"k = {k}.", ""]
+    if report.get("compile_s"):
+        spent = {name: round(sum(v.get(f, 0.0) for f in ("trace_s", "lower_s", "backend_s")), 1)
+                 for name, v in report["compile_s"].items()}
+        out += [f"Compiling (tracing, lowering, XLA; cache misses only) {sum(spent.values()):.0f} s "
+                f"of it: {json.dumps(spent)}.", ""]
     if report.get("machine"):
         m = report["machine"]
         out += [f"Machine: {m['cpu']}, {m['cores']} cores, {' '.join(m['isa']) or 'no AVX'}; "

@@ -6,6 +6,7 @@ epochs and mini-batches over one prepared rollout batch.
 from __future__ import annotations
 
 import functools
+import pathlib
 from typing import Callable, NamedTuple
 
 import jax
@@ -159,3 +160,63 @@ def run_epochs(update: StepFn, state: TrainState, prepared: Batch, *, epochs: in
             state, metrics = update(state, mb)
             history.append({k: float(v) for k, v in jax.device_get(metrics).items()})
     return state, history
+
+
+def use_compilation_cache(folder) -> None:
+    """JAX's persistent compilation cache in `folder` (unless one is set already): the stages of a
+    job rebuild the same update and sampler graphs, so a later stage reuses an earlier stage's
+    executables and a resumed run compiles nothing again."""
+    if jax.config.jax_compilation_cache_dir:
+        return
+    pathlib.Path(folder).mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+class CompileClock:
+    """Seconds JAX spent making executables since the clock was made, read off `jax.monitoring`:
+    `trace` (Python to jaxpr), `lower` (jaxpr to StableHLO), `backend` (XLA compiles, cache misses
+    only) and the persistent cache's `hits` / `misses`. What a stage's wall time owes to compiling
+    rather than to rollouts and updates (`stage_compile_s.json` of terminal_rsi)."""
+
+    _EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace_s",
+               "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower_s",
+               "/jax/core/compile/backend_compile_duration": "backend_s"}
+    _COUNTS = {"/jax/compilation_cache/cache_hits": "cache_hits",
+               "/jax/compilation_cache/cache_misses": "cache_misses"}
+    _totals: dict[str, float] = {}
+    _registered = False
+
+    def __init__(self):
+        CompileClock._register()
+        self._start = dict(CompileClock._totals)
+
+    @classmethod
+    def _register(cls) -> None:
+        if cls._registered:
+            return
+        cls._registered = True
+
+        def on_duration(event, duration, fun_name=None, **_):
+            name = cls._EVENTS.get(event)
+            if name:
+                cls._totals[name] = cls._totals.get(name, 0.0) + float(duration)
+            if name == "backend_s" and fun_name:
+                cls._totals[f"xla:{fun_name}"] = cls._totals.get(f"xla:{fun_name}", 0.0) + float(duration)
+
+        def on_event(event, **_):
+            name = cls._COUNTS.get(event)
+            if name:
+                cls._totals[name] = cls._totals.get(name, 0.0) + 1
+
+        jax.monitoring.register_event_duration_secs_listener(on_duration)
+        jax.monitoring.register_event_listener(on_event)
+
+    def read(self) -> dict[str, float]:
+        """The counters' increase since this clock was made (seconds rounded to 0.1 s)."""
+        names = list(self._EVENTS.values()) + list(self._COUNTS.values())
+        out = {n: round(self._totals.get(n, 0.0) - self._start.get(n, 0.0), 1) for n in names}
+        per_function = {n[4:]: round(v - self._start.get(n, 0.0), 1)
+                        for n, v in self._totals.items() if n.startswith("xla:")}
+        out["backend_s_by_function"] = {n: v for n, v in sorted(per_function.items()) if v > 0}
+        return out
