@@ -283,3 +283,33 @@ def test_default_config_is_table_1():
     mu = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda x: hasattr(x, "mu"))
           if hasattr(s, "mu")][0].mu
     assert float(optax.tree.norm(mu)) == pytest.approx(0.1 * 100.0, rel=1e-5)
+
+
+def test_constant_learning_rates_share_one_compiled_step_and_each_applies_its_own():
+    """A constant rate is state, not a constant of the program: two stages whose actor lr differ
+    (RPR-1 and RPR-2) lower to the same HLO (one persistent-cache entry), and each update moves the
+    parameters by its own rate (Adam's first step: at most lr per parameter, ~lr where the
+    gradient is not ~0)."""
+    config = get_model_config("tiny", n_layers=1, d_model=64, d_ff=128, n_heads=2, n_kv_heads=1,
+                              head_dim=32, vocab_size=64, max_seq_len=64)
+    fns = steps_lib.nnx_model_fns(Decoder(config, rngs=nnx.Rngs(0)), None)
+    rng = np.random.default_rng(0)
+    batch = {"tokens": jnp.asarray(rng.integers(0, 64, (2, 16)), jnp.int32),
+             "loss_mask": jnp.ones((2, 16), bool)}
+    texts = []
+    for lr in (1e-3, 2e-4):
+        cfg = steps_lib.default_config()
+        cfg.actor.optimizer.learning_rate = lr
+        cfg.actor.optimizer.grad_clip_norm = None
+        step = steps_lib.build_steps(cfg, actor_logprobs=fns.actor_logprobs).sft
+        state = create_train_state(actor_params=fns.actor_params,
+                                   actor_optimizer=steps_lib.make_optimizer(cfg.actor.optimizer),
+                                   seed=0)
+        texts.append(step.lower(state, batch).as_text())
+        new_state, _ = step(state, batch)
+        moved = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), new_state.actor_params,
+                             state.actor_params)
+        # Adam's first step moves every parameter with a gradient by ~lr (|m̂/√v̂| = 1)
+        biggest = max(jax.tree.leaves(moved))
+        assert 0.5 * lr < biggest <= 1.01 * lr, (lr, biggest)
+    assert texts[0] == texts[1]

@@ -43,7 +43,8 @@ def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-    """`clip_by_global_norm(grad_clip_norm)` (if set) then AdamW with `make_schedule(config)`."""
+    """`clip_by_global_norm(grad_clip_norm)` (if set) then AdamW with `make_schedule(config)`
+    (a constant rate as a hyperparameter of the state, `optax.inject_hyperparams`)."""
     for field in ("learning_rate", "b1", "b2", "eps", "weight_decay"):
         value = config[field]
         if not isinstance(value, (int, float)) or value < 0:
@@ -54,6 +55,14 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
             raise ValueError(f"optimizer config grad_clip_norm must be > 0 or None, got "
                              f"{config.grad_clip_norm!r}")
         parts.append(optax.clip_by_global_norm(float(config.grad_clip_norm)))
-    parts.append(optax.adamw(make_schedule(config), b1=config.b1, b2=config.b2, eps=config.eps,
-                             weight_decay=config.weight_decay))
+    if config.schedule == "constant":
+        # The rate lives in the optimizer state, not in the compiled step: stages that differ only
+        # in a constant rate (RPR-2's actor lr / 5) share one executable (the persistent cache).
+        adamw = optax.inject_hyperparams(optax.adamw, static_args=("b1", "b2", "eps",
+                                                                    "weight_decay"))
+        parts.append(adamw(float(config.learning_rate), b1=config.b1, b2=config.b2,
+                           eps=config.eps, weight_decay=config.weight_decay))
+    else:
+        parts.append(optax.adamw(make_schedule(config), b1=config.b1, b2=config.b2,
+                                 eps=config.eps, weight_decay=config.weight_decay))
     return optax.chain(*parts)
