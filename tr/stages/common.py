@@ -320,6 +320,7 @@ class Actor:
     def __init__(self, models: Models, rollout_config, eval_config=None):
         self.models = models
         self.config = rollout_config
+        self._params, self._params_hash = None, None
         caps = [int(rollout_config.max_output_tokens)]
         if eval_config is not None and "max_output_tokens" in eval_config:
             caps.append(int(eval_config.max_output_tokens))
@@ -331,6 +332,27 @@ class Actor:
         """The sampler uses `actor_params` from now on (`EpisodeSampler.update_weights`: no
         recompile, every cached episode dropped)."""
         self.sampler.update_weights(actor_params)
+        self._params, self._params_hash = actor_params, None
+
+    def evaluation_key(self, tasks: Sequence, eval_config, *, seed: int) -> str:
+        """sha256 of everything an evaluation (`evaluate_split`) is a function of: the synced
+        parameters, the tasks, the seed, the evaluation's sampling and the rollout budgets (the
+        sampler is batch-invariant, so concurrency and timing do not enter)."""
+        from tr.train.checkpoint import tree_hash  # pylint: disable=g-import-not-at-top
+
+        if self._params_hash is None:
+            self._params_hash = tree_hash(self._params)
+        cfg = self.config
+        what = {"params": self._params_hash, "tasks": [t.id for t in tasks], "seed": int(seed),
+                "k": int(eval_config.k), "temperature": float(eval_config.temperature),
+                "top_p": float(eval_config.top_p),
+                "wall_time_s": float(eval_config.get("wall_time_s", 0) or 0),
+                "budgets": [int(cfg.max_output_tokens), int(cfg.max_turns),
+                            int(cfg.get("context", 0)), int(cfg.get("summarise_at_tokens", 0))],
+                "sampler_max_new_tokens": int(self.sampler.max_new_tokens),
+                "model": self.models.config.name, "system_prompt": self.models.system_prompt,
+                "backend": str(cfg.backend)}
+        return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
     def close(self) -> None:
         self.sampler.close()
@@ -538,14 +560,32 @@ def rollout_summary(records: Sequence[EpisodeRecord], rewards: Sequence[float]) 
     }
 
 
-def evaluate_split(actor: Actor, tasks: Sequence, eval_config, *, seed: int) -> dict:
+def evaluate_split(actor: Actor, tasks: Sequence, eval_config, *, seed: int,
+                   cache_dir: pathlib.Path | None = None) -> dict:
     """Mean@k and Pass@1 of the current actor on `tasks` (`tr.agent.evaluation.summarise`),
-    at the evaluation temperature and top-p (SPEC §6)."""
+    at the evaluation temperature and top-p (SPEC §6).
+
+    With `cache_dir` (the run directory's `val-evaluations/`), a summary is kept under its
+    `Actor.evaluation_key` and an evaluation of the same parameters on the same tasks, seed and
+    settings reads it back instead of running again: a stage's step-0 actor is the retained actor
+    its parent stage already evaluated (the outcome is the same, the sampler being
+    batch-invariant)."""
+    path = None
+    if cache_dir is not None:
+        path = pathlib.Path(cache_dir) / f"{actor.evaluation_key(tasks, eval_config, seed=seed)}.json"
+        if path.exists():
+            return {**json.loads(path.read_text()), "reused": True}
     records, _ = actor.rollouts(tasks, seed=seed, group_size=int(eval_config.k),
                                 temperature=float(eval_config.temperature),
                                 top_p=float(eval_config.top_p), prefix="eval",
                                 wall_time_s=float(eval_config.get("wall_time_s", 0) or 0))
-    return evaluation.summarise(records, tasks, int(eval_config.k))
+    summary = evaluation.summarise(records, tasks, int(eval_config.k))
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(summary, sort_keys=True))
+        tmp.replace(path)
+    return summary
 
 
 class MetricsLog:

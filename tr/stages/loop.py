@@ -132,7 +132,8 @@ def train_loop(parts: LoopParts, state: TrainState, store, phases: Sequence[Phas
         if evals.has(step) or not parts.val_tasks:
             return
         summary = common.evaluate_split(actor, parts.val_tasks, config.eval,
-                                        seed=10_000 + int(config.seed))
+                                        seed=10_000 + int(config.seed),
+                                        cache_dir=parts.stage_dir.parent / "val-evaluations")
         line = evals.add(step, iteration, summary)
         log.progress(f"{config.name}: val at step {step}: pass@1 {line['pass@1']}")
 

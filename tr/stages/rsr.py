@@ -208,7 +208,8 @@ def run(stage_config, run_dir, **_) -> dict:
             if evals.has(step) or not val_tasks:
                 return
             actor.sync(step_state.actor_params)
-            summary = common.evaluate_split(actor, val_tasks, config.eval, seed=10_000 + seed)
+            summary = common.evaluate_split(actor, val_tasks, config.eval, seed=10_000 + seed,
+                                            cache_dir=stage_dir.parent / "val-evaluations")
             line = evals.add(step, step, summary)
             log.progress(f"{config.name}: val at step {step}: pass@1 {line['pass@1']}")
 
