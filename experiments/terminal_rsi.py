@@ -121,7 +121,12 @@ def get_config(variant: str = "default"):
                   # reuse, the actor having barely moved at one (approx KL <= 0.0012, 2 Dec)
                   "ppo": {"epochs": 2, "mini_batches": 2, "estimator": "tb_gae",
                           "gamma_turn": 1.0, "lam_turn": 1.0},
-                  "logprob_chunk_size": 1024},
+                  "logprob_chunk_size": 1024,
+                  # micro-batches of 2 rows in one [arrays.rows, length] buffer (bucket_layout):
+                  # one compiled step for the 16- and 24-row packed batches, the calibration's full
+                  # batch and the mini-batches, and a PPO update on 12 rows 4.8 -> 3.5 s (empty
+                  # micro-batches skipped; smaller activations; 2-core Xeon, 4 Dec)
+                  "micro_batch_rows": 2},
     })
     # Smaller than 1 Dec's schedule (65 -> 35 min on 2 cores, ~23 min with packed rows and two PPO
     # epochs, 2 Dec; the 15 is not met): RSR
@@ -182,6 +187,7 @@ def _paper(config) -> None:
     d.train.actor.optimizer.learning_rate = 5e-7
     d.train.critic.optimizer.learning_rate = 1.5e-5
     d.train.ppo.update(estimator="tb_gae", mini_batches=1, epochs=1)
+    d.train.micro_batch_rows = 0           # the pod's num_micro_batches (experiments/pod_scale.py)
     config.stages = stage_entries(calibration=4, rpr1_iterations=20, rpr2_iterations=18,
                                   rpr2_lr=1e-7, base=_base_entry("paper"), warmup_tasks=0,
                                   profile_tasks=0, rsr={"tasks": 0, "explore_k": 4, "replay_m": 4})

@@ -14,6 +14,7 @@ from tr.models import sharding as sharding_lib
 from tr.models.config import get_model_config
 from tr.models.critic import CriticModel
 from tr.models.decoder import Decoder
+from tr.train import microbatch
 from tr.train import steps as steps_lib
 from tr.train.state import create_train_state
 
@@ -313,3 +314,102 @@ def test_constant_learning_rates_share_one_compiled_step_and_each_applies_its_ow
         biggest = max(jax.tree.leaves(moved))
         assert 0.5 * lr < biggest <= 1.01 * lr, (lr, biggest)
     assert texts[0] == texts[1]
+
+
+# ---- one compiled step for every batch size: micro-batches of fixed rows in one bucket ----------
+
+
+def make_micro_steps(setup, micro_batch_rows):
+    config = make_config()
+    config.micro_batch_rows = micro_batch_rows
+    return steps_lib.build_steps(config, actor_logprobs=setup["fns"].actor_logprobs,
+                                 critic_values=setup["fns"].critic_values)
+
+
+def test_accumulate_skips_micro_batches_without_data():
+    """An empty micro-batch's branch does not run: a grad_fn that is inf on one would poison the
+    sum if it ran."""
+    batch = {"loss_mask": jnp.asarray([[1, 1], [0, 0], [1, 0], [0, 0]], bool),
+             "x": jnp.arange(8.0).reshape(4, 2)}
+    split = microbatch.split_micro_batches(batch, 4)          # one row per micro-batch
+
+    def grad_fn(mb):
+        return jnp.sum(mb["x"]) / jnp.sum(mb["loss_mask"])    # inf without a masked token
+
+    total = microbatch.accumulate(grad_fn, batch, 4)
+    want = sum(float(np.sum(split["x"][i]) / np.sum(split["loss_mask"][i])) for i in (0, 2))
+    assert float(total) == pytest.approx(want)
+    mapped = microbatch.map_micro_batches(lambda mb: mb["x"] / jnp.sum(mb["loss_mask"]), batch, 4)
+    assert np.isfinite(np.asarray(mapped)).all()
+    np.testing.assert_allclose(np.asarray(mapped)[[1, 3]], 0.0)
+
+
+def test_bucket_layout_fills_the_first_micro_batches_and_renumbers_links():
+    rows, m = 8, 2
+    batch = {"tokens": jnp.arange(1, 6 * 3 + 1).reshape(6, 3),
+             "next_window_row": jnp.asarray([1, -1, -1, 5, -1, -1], jnp.int32)}
+    data = [0, 1, 3, 5]                                       # rows 2 and 4 are left out
+    out = microbatch.bucket_layout(batch, data, rows=rows, micro_batch_rows=m)
+    micro = microbatch.split_micro_batches(out, rows // m)
+    tokens = np.asarray(micro["tokens"])                      # [n, m, 3]
+    np.testing.assert_array_equal(tokens[0], np.asarray(batch["tokens"])[[0, 1]])
+    np.testing.assert_array_equal(tokens[1], np.asarray(batch["tokens"])[[3, 5]])
+    assert not tokens[2:].any()                               # the rest: empty micro-batches
+    links = np.asarray(out["next_window_row"])
+    flat = np.asarray(out["tokens"])
+    row_of = {tuple(np.asarray(batch["tokens"])[r]): i for i, r in enumerate(range(6))}
+    new = {row_of[tuple(flat[i])]: i for i in range(rows) if flat[i].any()}
+    assert links[new[0]] == new[1] and links[new[3]] == new[5]
+    assert links[new[1]] == links[new[5]] == -1
+    with pytest.raises(ValueError, match="linked by next_window_row"):
+        microbatch.bucket_layout(batch, [0, 3], rows=rows, micro_batch_rows=m)
+    with pytest.raises(ValueError, match="train.micro_batch_rows=3"):
+        microbatch.bucket_layout(batch, data, rows=rows, micro_batch_rows=3)
+
+
+@pytest.mark.parametrize("name", ("sft", "critic", "ppo"))
+def test_any_batch_in_the_bucket_equals_the_batch_and_shares_one_executable(setup, name):
+    """6 and 8 data rows laid out in a 16-row bucket (micro-batches of 2 rows) give the updates of
+    the 6- and 8-row batches themselves, from one compiled step."""
+    steps = make_micro_steps(setup, 2)
+    step = getattr(steps, name)
+    for rows in (8, 6):
+        small = {k: v[:rows] for k, v in setup["batch"].items()}
+        want_state, want_metrics = getattr(steps_lib.build_steps(
+            make_config(), actor_logprobs=setup["fns"].actor_logprobs,
+            critic_values=setup["fns"].critic_values), name)(setup["state"], small)
+        bucket = microbatch.bucket_layout(small, np.arange(rows), rows=16, micro_batch_rows=2)
+        got_state, got_metrics = step(setup["state"], bucket)
+        assert max_abs_diff(got_state, want_state) < 2e-5
+        for key in want_metrics:
+            assert float(got_metrics[key]) == pytest.approx(float(want_metrics[key]), rel=1e-4,
+                                                            abs=1e-5), (rows, key)
+    assert step._cache_size() == 1
+
+
+def test_micro_batch_rows_must_divide_the_batch(setup):
+    steps = make_micro_steps(setup, 3)
+    with pytest.raises(ValueError, match="8 rows cannot be cut into micro-batches of "
+                                         "train.micro_batch_rows=3"):
+        steps.sft(setup["state"], setup["batch"])
+
+
+def test_run_epochs_in_a_bucket_equals_run_epochs_on_the_batch(setup):
+    """PPO epochs and mini-batches over a batch with two empty rows: the same updates whether each
+    mini-batch runs as it is or laid out in the batch's own rows (micro-batches of 2 rows)."""
+    batch = dict(setup["batch"])
+    for key in ("actor_mask", "loss_mask"):
+        batch[key] = batch[key].at[5:7].set(False)            # rows 5 and 6: no data
+    plain = steps_lib.build_steps(make_config(), actor_logprobs=setup["fns"].actor_logprobs,
+                                  critic_values=setup["fns"].critic_values)
+    micro = make_micro_steps(setup, 2)
+    prepared = {**batch, **plain.targets(setup["state"], batch)}
+    want, want_hist = steps_lib.run_epochs(plain.ppo, setup["state"], prepared, epochs=2,
+                                           mini_batches=2, seed=3)
+    got, got_hist = steps_lib.run_epochs(micro.ppo, setup["state"], prepared, epochs=2,
+                                         mini_batches=2, seed=3, micro_batch_rows=2)
+    assert len(got_hist) == len(want_hist) == 4
+    assert max_abs_diff(got, want) < 5e-5
+    for g, w in zip(got_hist, want_hist):
+        assert g["actor/loss"] == pytest.approx(w["actor/loss"], rel=1e-4, abs=1e-6)
+    assert micro.ppo._cache_size() == 1

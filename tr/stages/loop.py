@@ -4,6 +4,7 @@
         records  = rollouts of the current actor on this iteration's train tasks  (kept as a shard)
         rewards  = the stage's reward of each record                              (strict/FDR/SPR)
         batch    = training arrays [rows, length] + targets computed once          (steps.targets)
+                   (with train.micro_batch_rows: always arrays.rows rows, `bucket_layout`)
         state    = the phase's updates on the batch                               (epochs x minis)
         sampler  <- state.actor_params                                            (weight sync)
         metrics.jsonl <- one line per update (with the iteration's `seconds` per part); a
@@ -30,6 +31,7 @@ import jax
 import numpy as np
 
 from tr.stages import common
+from tr.train.microbatch import bucket_layout, data_rows
 from tr.train.state import TrainState
 
 UpdateFn = Callable[[TrainState, dict, int], tuple[TrainState, list[dict]]]
@@ -120,6 +122,11 @@ def train_loop(parts: LoopParts, state: TrainState, store, phases: Sequence[Phas
     if pack % mini_batches:
         raise common.ConfigError(f"stage {config.name!r}: arrays.pack_multiple={pack} is not a "
                                  f"multiple of train.ppo.mini_batches={mini_batches}")
+    micro_rows, rows = int(config.train.get("micro_batch_rows", 0)), int(config.arrays.rows)
+    if micro_rows and (rows % micro_rows or (rows // mini_batches) % micro_rows):
+        raise common.ConfigError(f"stage {config.name!r}: arrays.rows={rows} and its mini-batches "
+                                 f"of {rows // mini_batches} rows must be multiples of "
+                                 f"train.micro_batch_rows={micro_rows}")
     schedule = [phase for phase in phases for _ in range(phase.iterations)]
     done = iterations_done(phases, int(jax.device_get(state.step)))
     log = common.MetricsLog(parts.stage_dir / "metrics.jsonl")
@@ -165,6 +172,8 @@ def train_loop(parts: LoopParts, state: TrainState, store, phases: Sequence[Phas
             records, rewards, rows=int(config.arrays.rows), length=int(config.arrays.length),
             num_windows=int(config.train.ppo.num_windows),
             pack_multiple=int(config.arrays.get("pack_multiple", 0)))
+        if micro_rows:   # one [arrays.rows, length] shape for every batch: one compiled step
+            batch = bucket_layout(batch, data_rows(batch), rows=rows, micro_batch_rows=micro_rows)
         batch = {k: jax.numpy.asarray(v) for k, v in batch.items()}
         clock.lap("arrays")
         prepared = jax.block_until_ready({**batch, **parts.targets(state, batch)})

@@ -66,7 +66,8 @@ def run(stage_config, run_dir, **_) -> dict:
 
         def joint(state, prepared, seed):
             return run_epochs(steps.ppo, state, prepared, epochs=int(ppo.epochs),
-                              mini_batches=int(ppo.mini_batches), seed=seed)
+                              mini_batches=int(ppo.mini_batches), seed=seed,
+                              micro_batch_rows=int(config.train.micro_batch_rows))
 
         phases = [loop.Phase("calibration", int(config.rpr.calibration_updates), 1, calibrate),
                   loop.Phase("ppo", int(config.rpr.iterations), int(ppo.epochs) * int(ppo.mini_batches),

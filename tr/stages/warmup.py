@@ -17,6 +17,7 @@ import ml_collections
 
 from tr.rl import advantages as adv_lib
 from tr.stages import common, handoff, loop
+from tr.train import updates
 from tr.train.compile import run_epochs
 
 KIND = "warmup"
@@ -43,12 +44,14 @@ def run(stage_config, run_dir, **_) -> dict:
     ppo = config.train.ppo
     per_iteration = int(config.rollout.tasks_per_iteration)
     iterations = -(-len(tasks) // per_iteration)          # one epoch over the warm-up tasks
-    critic_values = opened.models.fns.critic_values
 
     def update(state, prepared, seed):
         state, history = run_epochs(opened.steps.critic, state, prepared, epochs=int(ppo.epochs),
-                                    mini_batches=int(ppo.mini_batches), seed=seed)
-        values_after = critic_values(state.critic_params, prepared)
+                                    mini_batches=int(ppo.mini_batches), seed=seed,
+                                    micro_batch_rows=int(config.train.micro_batch_rows))
+        # the compiled targets step (the loop's own executable), not an eager forward pass
+        batch = {k: v for k, v in prepared.items() if k not in updates.TARGET_FIELDS}
+        values_after = opened.steps.targets(state, batch)["old_values"]
         ev_after = float(adv_lib.explained_variance(prepared["returns"], values_after,
                                                     prepared["actor_mask"]))
         ev_before = float(adv_lib.explained_variance(prepared["returns"], prepared["old_values"],

@@ -17,6 +17,7 @@ from jax.sharding import Mesh
 
 from tr.rl import advantages as adv_lib
 from tr.train import updates
+from tr.train.microbatch import bucket_layout, data_rows, micro_batch_count
 from tr.train.model_fns import ActorFn, Batch, CriticFn
 from tr.train.optim import make_optimizer
 from tr.train.state import TrainState
@@ -62,6 +63,19 @@ def build_steps(config: ml_collections.ConfigDict, *, actor_logprobs: ActorFn | 
     n = int(config.num_micro_batches)
     if n < 1:
         raise ValueError(f"config.num_micro_batches must be >= 1, got {n}")
+    micro_rows = int(config.get("micro_batch_rows", 0))
+
+    def per_batch(fn):
+        """`fn(state, batch)` with `num_micro_batches` from the batch's rows when
+        `micro_batch_rows` is set (read at trace time: a static shape)."""
+        if micro_rows <= 0:
+            return functools.partial(fn, num_micro_batches=n)
+
+        @functools.wraps(fn)
+        def call(state, batch):
+            return fn(state, batch, num_micro_batches=micro_batch_count(
+                int(batch["tokens"].shape[0]), micro_batch_rows=micro_rows))
+        return call
     actor_opt = make_optimizer(config.actor.optimizer)
     critic_opt = make_optimizer(config.critic.optimizer)
     params = config.ppo.to_dict()
@@ -86,27 +100,25 @@ def build_steps(config: ml_collections.ConfigDict, *, actor_logprobs: ActorFn | 
 
     sft = critic = ppo = grpo = None
     if actor_logprobs is not None:
-        sft = compile_step(functools.partial(
-            updates.sft_update, actor_logprobs=actor_logprobs, actor_optimizer=actor_opt,
-            num_micro_batches=n))
-        grpo = _OneRolloutPerRow(compile_step(functools.partial(
+        sft = compile_step(per_batch(functools.partial(
+            updates.sft_update, actor_logprobs=actor_logprobs, actor_optimizer=actor_opt)))
+        grpo = _OneRolloutPerRow(compile_step(per_batch(functools.partial(
             updates.grpo_update, actor_logprobs=actor_logprobs, actor_optimizer=actor_opt,
             group_size=int(config.grpo.group_size), eps_low=config.grpo.eps_low,
             eps_high=config.grpo.eps_high, std_eps=config.grpo.std_eps,
-            policy_loss=config.grpo.get("policy_loss", "ppo"), num_micro_batches=n,
-            group_weighting=config.grpo.get("group_weighting", "equal"))))
+            policy_loss=config.grpo.get("policy_loss", "ppo"),
+            group_weighting=config.grpo.get("group_weighting", "equal")))))
     if critic_values is not None:
-        critic = compile_step(functools.partial(
+        critic = compile_step(per_batch(functools.partial(
             updates.critic_update, critic_values=critic_values, critic_optimizer=critic_opt,
-            params=params, num_micro_batches=n))
+            params=params)))
     if actor_logprobs is not None and critic_values is not None:
-        ppo = compile_step(functools.partial(
+        ppo = compile_step(per_batch(functools.partial(
             updates.ppo_update, actor_logprobs=actor_logprobs, critic_values=critic_values,
-            actor_optimizer=actor_opt, critic_optimizer=critic_opt, params=params,
-            num_micro_batches=n))
-    targets_fn = functools.partial(updates.rollout_targets, actor_logprobs=actor_logprobs,
-                                   critic_values=critic_values, params=params,
-                                   num_micro_batches=n)
+            actor_optimizer=actor_opt, critic_optimizer=critic_opt, params=params)))
+    targets_fn = per_batch(functools.partial(updates.rollout_targets,
+                                             actor_logprobs=actor_logprobs,
+                                             critic_values=critic_values, params=params))
     targets = on_mesh(jax.jit(targets_fn), targets_fn)
     return UpdateSteps(sft=sft, critic=critic, ppo=ppo, grpo=grpo, targets=targets)
 
@@ -134,25 +146,34 @@ def mini_batch_order(rows: int, *, epochs: int, mini_batches: int, seed: int,
 
 
 def run_epochs(update: StepFn, state: TrainState, prepared: Batch, *, epochs: int = 1,
-               mini_batches: int = 1, seed: int = 0) -> tuple[TrainState, list[dict]]:
+               mini_batches: int = 1, seed: int = 0, micro_batch_rows: int = 0
+               ) -> tuple[TrainState, list[dict]]:
     """`epochs` passes over one prepared rollout batch, `mini_batches` optimizer updates each.
 
     `prepared` already holds the targets (`UpdateSteps.targets`), so every update reuses the
-    `old_values`, `advantages`, `returns` and `old_logprobs` of the batch's rollout state. Returns
-    the state and each update's metrics (host floats).
+    `old_values`, `advantages`, `returns` and `old_logprobs` of the batch's rollout state. With
+    `micro_batch_rows` (the steps' `train.micro_batch_rows`), each mini-batch's data rows are laid
+    out in a buffer of the batch's own row count (`bucket_layout`): the full batch and every
+    mini-batch run one compiled step, skipping the empty micro-batches. Returns the state and each
+    update's metrics (host floats).
     """
     rows = int(prepared["tokens"].shape[0])
     missing = [k for k in updates.TARGET_FIELDS if k not in prepared]
     if missing:
         raise ValueError(f"run_epochs: the batch lacks its targets {missing}; compute them once "
                          "with UpdateSteps.targets before the first update")
-    has_data = np.asarray(jax.device_get(prepared["actor_mask"])).any(axis=1)
+    has_data = np.zeros(rows, bool)
+    has_data[data_rows(prepared, tokens=False)] = True     # a masked token: the rows updates read
     order = mini_batch_order(rows, epochs=epochs, mini_batches=mini_batches, seed=seed,
                              has_data=has_data)
     history = []
     for epoch in range(epochs):
         for rows_idx in order[epoch]:
-            if mini_batches == 1 and epochs == 1:
+            if micro_batch_rows > 0:
+                rows_idx = np.sort(rows_idx)
+                mb = bucket_layout(prepared, rows_idx[has_data[rows_idx]], rows=rows,
+                                   micro_batch_rows=micro_batch_rows, links=False)
+            elif mini_batches == 1 and epochs == 1:
                 mb = prepared
             else:
                 idx = jnp.asarray(np.sort(rows_idx))

@@ -89,6 +89,11 @@ def default_config() -> ml_collections.ConfigDict:
         "grpo": {"group_size": 16, "eps_low": 0.30, "eps_high": 5.00, "std_eps": 1e-6,
                  "policy_loss": "ppo", "group_weighting": "equal"},
         "num_micro_batches": 1,
+        # > 0: micro-batches of this many rows whatever the batch size (num_micro_batches is then
+        # rows / micro_batch_rows, read off each batch's shape), and the loop lays every batch out
+        # in `arrays.rows` rows (`microbatch.bucket_layout`): one compiled step for every batch and
+        # mini-batch size, empty micro-batches skipped. 0: num_micro_batches (the pod's setting).
+        "micro_batch_rows": 0,
         "logprob_chunk_size": 1024,
     })
 
