@@ -117,3 +117,52 @@ def test_sigkill_mid_sft_then_restart_reproduces_the_uninterrupted_run(reference
     strip = lambda lines: [{k: v for k, v in x.items()} for x in lines]  # noqa: E731
     assert strip(child_runs.records(run / "rsr-1" / "metrics.jsonl")) == strip(
         child_runs.records(root / "ref" / "rsr-1" / "metrics.jsonl"))
+
+
+def _replay(episode_id: str, task_id: str, family: str):
+    from tr.agent.records import EpisodeRecord, EpisodeStatus
+
+    return EpisodeRecord(episode_id=episode_id, task_id=task_id, family=family,
+                         status=EpisodeStatus.VERIFIED_PASS, passed=True)
+
+
+def test_sample_clean_caps_each_task_then_each_family():
+    from tr.stages.rsr import sample_clean
+
+    # family a: 6 tasks x 3 accepted replays; family b: 1 task x 1 replay
+    accepted = [_replay(f"r-a{t}-{i}", f"a{t}@rb0", "a") for t in range(6) for i in range(3)]
+    accepted.append(_replay("r-b0-0", "b0@rb0", "b"))
+    by_id = {r.task_id: r.task_id.split("@")[0] for r in accepted}
+    uncapped = sample_clean(accepted, by_id, per_task=2, seed=3)
+    assert len(uncapped) == 6 * 2 + 1
+    counts = {}
+    for r in uncapped:
+        counts[by_id[r.task_id]] = counts.get(by_id[r.task_id], 0) + 1
+    assert max(counts.values()) == 2
+    capped = sample_clean(accepted, by_id, per_task=2, seed=3, per_family=4)
+    families = [r.family for r in capped]
+    assert families.count("a") == 4 and families.count("b") == 1
+    assert {r.episode_id for r in capped} <= {r.episode_id for r in uncapped}
+    # a pure function of (replays, seed): the order the replays finished in does not matter
+    again = sample_clean(list(reversed(accepted)), by_id, per_task=2, seed=3, per_family=4)
+    assert [r.episode_id for r in again] == [r.episode_id for r in capped]
+    assert [r.episode_id for r in sample_clean(accepted, by_id, 2, 3, per_family=0)] == \
+        [r.episode_id for r in uncapped]
+
+
+def test_explore_sampling_defaults_to_the_rollouts_and_bad_values_name_the_field():
+    from tr.stages import common, rsr
+
+    config = rsr.defaults()
+    config.name = "rsr-x"
+    config.rollout.temperature, config.rollout.top_p = 1.0, 1.0
+    assert rsr.explore_sampling(config) == {"temperature": 1.0, "top_p": 1.0}
+    config.rsr.temperature, config.rsr.top_p = 0.6, 0.95
+    assert rsr.explore_sampling(config) == {"temperature": 0.6, "top_p": 0.95}
+    rsr._check(config)
+    for field, value in (("temperature", -0.1), ("top_p", 1.5), ("per_family", -1)):
+        bad = rsr.defaults()
+        bad.name = "rsr-x"
+        bad.rsr[field] = value
+        with pytest.raises(common.ConfigError, match=f"rsr.{field}"):
+            rsr._check(bad)

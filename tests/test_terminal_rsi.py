@@ -400,3 +400,34 @@ def test_factorial_effects_match_differences_of_cell_means(tmp_path):
     assert on_disk["effects"]["0.95"]["rpr2"]["critic"]["mean"] == pytest.approx(
         merged["effects"]["0.95"]["rpr2"]["critic"]["mean"])
     assert (tmp_path / "merged" / "ablation.png").stat().st_size > 1000
+
+
+def test_command_line_rsr_settings_reach_both_rsr_stages_only():
+    config = experiment.get_config("default")
+    from tr.stages import rsr
+
+    before, _, _, _ = terminal_rsi.schedule(config)
+    # the default config.rsr restates what the RSR stages resolve to: no setting changes
+    kind = rsr.defaults().rsr.to_dict()
+    for entry, own in zip(before, config.stages):
+        if entry["kind"] == "rsr":
+            assert {**kind, **entry["rsr"]} == {**kind, **dict(own["rsr"])}
+            assert "train" not in entry                      # the kind's SFT learning rate
+        else:
+            assert entry == terminal_rsi._plain(own)
+    config.rsr.per_family, config.rsr.temperature, config.rsr.learning_rate = 8, 0.6, 1e-3
+    after, shared, _, _ = terminal_rsi.schedule(config)
+    rsr_stages = [e for e in after if e["kind"] == "rsr"]
+    assert [e["name"] for e in rsr_stages] == ["rsr1", "rsr2"]
+    for entry in rsr_stages:
+        assert entry["rsr"]["per_family"] == 8 and entry["rsr"]["temperature"] == 0.6
+        assert entry["rsr"]["explore_k"] == 4                  # untouched fields kept
+        assert entry["train"]["actor"]["optimizer"]["learning_rate"] == 1e-3
+        assert "learning_rate" not in entry["rsr"]
+    others = [(a, b) for a, b in zip(before, after) if a["kind"] != "rsr"]
+    assert others and all(a == b for a, b in others)
+    # and the RSR kind accepts what was laid on it (a bad value names its field)
+    terminal_rsi.validate(config)
+    config.rsr.per_family = -1
+    with pytest.raises(ConfigError, match="rsr.per_family"):
+        terminal_rsi.validate(config)

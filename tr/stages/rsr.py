@@ -53,12 +53,21 @@ def defaults() -> ml_collections.ConfigDict:
         "explore_k": 4,        # K rollouts per task (SPEC §6)
         "replay_m": 4,         # M replays per accepted runbook (SPEC §6)
         "per_task": 1,         # accepted replays drawn uniformly per task into Q_clean
+        # then at most this many per task family, drawn uniformly (0: no cap).  A deviation from
+        # SPEC §6 for a pool of generated families: without it the family the actor already
+        # solves fills Q_clean (move-logs 32 of 52 rows on the gym, 6 Dec)
+        "per_family": 0,
         "planner": "embedded",     # embedded (CommandListPlanner) | http (HttpPlanner)
         "reviewer": "embedded",    # embedded (LeakRuleReviewer) | http (HttpReviewer)
         "http": {"base_url": "", "model": "", "api_key_env": "OPENAI_API_KEY",
                  "timeout_s": 120.0},
         "epochs": 2,           # SFT passes over Q_clean
         "batch": 8,            # rows (one replay each) per SFT update
+        # explore and replay sampling: 0 = the training rollouts' (`rollout.temperature`/`top_p`);
+        # RSR is SFT on verified successes, no importance ratio, so it may sample as the harness
+        # is evaluated (SPEC §6: 0.6 / 0.95)
+        "temperature": 0.0,
+        "top_p": 0.0,
     }
     config.train.actor.optimizer.learning_rate = 3e-4   # SFT on a few replays (Base used 3e-3)
     config.eval.every = 0      # 0: at the start and at the end only
@@ -71,6 +80,15 @@ def _check(config) -> None:
         if int(r[field]) < 1:
             raise common.ConfigError(f"stage {config.name!r}: rsr.{field} must be >= 1, got "
                                      f"{r[field]}")
+    if int(r.per_family) < 0:
+        raise common.ConfigError(f"stage {config.name!r}: rsr.per_family must be >= 0 (0: no "
+                                 f"cap), got {r.per_family}")
+    if float(r.temperature) < 0:
+        raise common.ConfigError(f"stage {config.name!r}: rsr.temperature must be >= 0 (0: the "
+                                 f"rollout's), got {r.temperature}")
+    if not 0 <= float(r.top_p) <= 1:
+        raise common.ConfigError(f"stage {config.name!r}: rsr.top_p must be in [0, 1] (0: the "
+                                 f"rollout's), got {r.top_p}")
     if r.planner not in rb.PLANNERS:
         raise common.ConfigError(f"stage {config.name!r}: rsr.planner = {r.planner!r}; expected "
                                  f"one of {rb.PLANNERS}")
@@ -80,6 +98,14 @@ def _check(config) -> None:
     if "http" in (r.planner, r.reviewer) and not (r.http.base_url and r.http.model):
         raise common.ConfigError(f"stage {config.name!r}: an http planner/reviewer needs "
                                  "rsr.http.base_url and rsr.http.model")
+
+
+def explore_sampling(config) -> dict:
+    """The explore and replay sampling: `rsr.temperature` / `rsr.top_p`, each 0 meaning the
+    training rollouts' (`rollout.temperature` / `rollout.top_p`)."""
+    r, rollout = config.rsr, config.rollout
+    return {"temperature": float(r.temperature) or float(rollout.temperature),
+            "top_p": float(r.top_p) or float(rollout.top_p)}
 
 
 def _http_kwargs(config) -> dict:
@@ -138,19 +164,30 @@ def accepted_replays(replays, replay_by_id, tasks_by_id) -> tuple[list, dict]:
     return accepted, leaks
 
 
-def sample_clean(accepted, replay_by_id, per_task: int, seed: int) -> list:
+def _draw(pool: list, count: int, seed: int, key: str) -> list:
+    """Up to `count` of `pool`, uniformly without replacement, seeded by `seed` and `key`."""
+    rng = np.random.default_rng([seed, int.from_bytes(key.encode()[:8], "little")])
+    pick = rng.choice(len(pool), size=min(count, len(pool)), replace=False)
+    return [pool[int(i)] for i in sorted(pick)]
+
+
+def sample_clean(accepted, replay_by_id, per_task: int, seed: int, per_family: int = 0) -> list:
     """Q_clean: up to `per_task` accepted replays per task, drawn uniformly without replacement
-    (seeded by `seed` and the task id, so it does not depend on the order replays finished)."""
+    (seeded by `seed` and the task id, so it does not depend on the order replays finished); then,
+    when `per_family` > 0, up to `per_family` of each family's drawn replays (seeded by the family)."""
     by_task = collections.defaultdict(list)
     for record in sorted(accepted, key=lambda r: r.episode_id):
         by_task[replay_by_id[record.task_id]].append(record)
     out = []
     for task_id in sorted(by_task):
-        pool = by_task[task_id]
-        rng = np.random.default_rng([seed, int.from_bytes(task_id.encode()[:8], "little")])
-        pick = rng.choice(len(pool), size=min(per_task, len(pool)), replace=False)
-        out.extend(pool[int(i)] for i in sorted(pick))
-    return out
+        out.extend(_draw(by_task[task_id], per_task, seed, task_id))
+    if per_family <= 0:
+        return out
+    by_family = collections.defaultdict(list)
+    for record in out:
+        by_family[record.family].append(record)
+    return [record for family in sorted(by_family)
+            for record in _draw(by_family[family], per_family, seed, "family:" + family)]
 
 
 def sft_sequences(records, layout, system_prompt: str, replay_tasks_by_id, tasks_by_id,
@@ -198,6 +235,7 @@ def run(stage_config, run_dir, **_) -> dict:
     train_tasks = common.stage_tasks(config.tasks, "train")[:int(r.tasks) or None]
     val_tasks = common.stage_tasks(config.tasks, "val")[:int(config.eval.count) or None]
     tasks_by_id = {t.id: t for t in train_tasks}
+    sampling = explore_sampling(config)
     with common.Actor(models, config.rollout, config.eval) as actor:
         log = common.MetricsLog(stage_dir / "metrics.jsonl")
         evals = loop.EvalLog(stage_dir)
@@ -225,7 +263,7 @@ def run(stage_config, run_dir, **_) -> dict:
             stage_dir / "explore.jsonl",
             lambda: _initial_only(start_step) or actor.rollouts(
                 train_tasks, seed=seed * 1_000_003 + 1, group_size=int(r.explore_k),
-                prefix="explore"))
+                prefix="explore", **sampling))
         times["explore_s"] = time.monotonic() - t0
         successes = [x for x in explored if x.status.counts and x.passed]
 
@@ -252,12 +290,12 @@ def run(stage_config, run_dir, **_) -> dict:
                 stage_dir / "replays.jsonl",
                 lambda: _initial_only(start_step) or actor.rollouts(
                     to_replay, seed=seed * 1_000_003 + 2, group_size=int(r.replay_m),
-                    prefix="replay"))
+                    prefix="replay", **sampling))
         else:
             replays, replay_stats = [], {"launched": 0, "kept": 0}
         times["replay_s"] = time.monotonic() - t0
         accepted, leaks = accepted_replays(replays, replay_by_id, tasks_by_id)
-        clean = sample_clean(accepted, replay_by_id, int(r.per_task), seed)
+        clean = sample_clean(accepted, replay_by_id, int(r.per_task), seed, int(r.per_family))
         layout = ChatLayout(models.tokenizer)
         length = int(config.arrays.length)
         seqs, too_long = sft_sequences(clean, layout, models.system_prompt, replay_tasks_by_id,
@@ -275,7 +313,8 @@ def run(stage_config, run_dir, **_) -> dict:
             "replay_leaks": len(leaks), "accepted_replays": len(accepted), "q_clean": len(clean),
             "q_clean_tasks": len({replay_by_id[x.task_id] for x in clean}),
             "q_clean_episodes": [x.episode_id for x in clean], "sequences": len(seqs),
-            "too_long": too_long, "updates": total,
+            "too_long": too_long, "updates": total, "sampling": sampling,
+            "q_clean_families": dict(collections.Counter(x.family for x in clean)),
             "explore_rollouts": explore_stats, "replay_rollouts": replay_stats,
         }
         _write_json(stage_dir / "dataset.json", data)

@@ -105,6 +105,21 @@ def arm_stages(entries: list[dict], report: dict, cell: str,
 _merge = pipeline.merge_entry   # the pipeline job's own rule for an entry over stage_defaults
 
 
+def rsr_overlay(entry: dict, rsr: dict) -> dict:
+    """`entry` with the experiment-wide RSR settings `rsr` (config.rsr) laid on it when it is an
+    RSR stage (pure): every field but `learning_rate` goes to its `rsr` section, `learning_rate`
+    (0 = the kind's default) to `train.actor.optimizer.learning_rate`.  So both RSR stages take
+    `--config.rsr.FIELD=...` from the command line."""
+    if entry.get("kind") != "rsr" or not rsr:
+        return entry
+    section = {k: v for k, v in rsr.items() if k != "learning_rate"}
+    out = _merge(entry, {"rsr": section})
+    if float(rsr.get("learning_rate", 0.0)):
+        out = _merge(out, {"train": {"actor": {"optimizer": {
+            "learning_rate": float(rsr["learning_rate"])}}}})
+    return out
+
+
 def schedule(config) -> tuple[list[dict], dict, dict, list[dict]]:
     """(entries, shared stage defaults, report rows, skipped stages) the run will use.
 
@@ -112,7 +127,7 @@ def schedule(config) -> tuple[list[dict], dict, dict, list[dict]]:
     kind this checkout lacks is an error, or (`missing_kinds = 'skip'`) left out with its
     children's `actor_from` / `critic_from` pointing at its own parents.
     """
-    entries = [_plain(e) for e in config.stages]
+    entries = [rsr_overlay(_plain(e), _plain(config.get("rsr", {})) or {}) for e in config.stages]
     report = dict(_plain(config.report.stages))
     cell = str(config.get("ablation", {}).get("cell", "") or "")
     lam = float(config.get("ablation", {}).get("lam", FACTORIAL_LAM))
@@ -183,7 +198,8 @@ def validate(config) -> dict:
 
 
 def _check_stage(kind: str, merged: dict) -> None:
-    """The stage kind's own config resolution (unknown field -> ConfigError), nothing built."""
+    """The stage kind's own config resolution (unknown field -> ConfigError) and, for `rsr`, its
+    value checks (a bad value -> ConfigError naming the field); nothing built."""
     import importlib  # pylint: disable=g-import-not-at-top
 
     from tr.stages import common  # pylint: disable=g-import-not-at-top
@@ -194,7 +210,9 @@ def _check_stage(kind: str, merged: dict) -> None:
     if kind == "base":
         module.stage_config(merged)
     elif hasattr(module, "defaults"):
-        common.resolve_stage_config(merged, module.defaults())
+        resolved = common.resolve_stage_config(merged, module.defaults())
+        if kind == "rsr":               # its value checks too, before anything runs
+            module._check(resolved)     # pylint: disable=protected-access
 
 
 def _params_m(cfg) -> float:
