@@ -26,10 +26,11 @@ def task():
     return sorted(load_suite(), key=lambda t: (t.tier != "easy", t.id))[0]
 
 
-def _rollout_batch(task, sampling: str):
+def _rollout_batch(task, sampling: str, **overrides):
     config = get_model_config("tiny", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16,
                               d_ff=128, max_seq_len=2048)
-    policy = load_model_policy(model=Decoder(config, rngs=nnx.Rngs(0)), seed=0, sampling=sampling)
+    policy = load_model_policy(model=Decoder(config, rngs=nnx.Rngs(0)), seed=0, sampling=sampling,
+                               **overrides)
     cfg = RolloutConfig(concurrency=2, budgets=policy.budgets(24, max_turns=2), progress=False)
     out = run_rollouts(group_specs([task], 2, seed=1), policy, policy.layout, cfg)
     assert len(out.records) == 2 and all(r.status.counts for r in out.records), [r.error for r in out.records]
@@ -70,3 +71,32 @@ def test_evaluation_sampling_logprobs_would_not_give_ratio_one(task):
     mask = np.asarray(batch["loss_mask"])
     ratio = np.exp(np.asarray(jax.jit(fns.actor_logprobs)(fns.actor_params, batch)) - np.asarray(batch["logprobs"]))
     assert np.max(np.abs(ratio[mask] - 1.0)) > 0.1
+
+
+def test_a_tempered_policy_is_on_policy_for_rollouts_at_its_temperature(task):
+    """`train.policy_temperature` τ: rollouts sampled at temperature τ, top-p 1 record the log-probs
+    of softmax(logits / τ), which is what the updates' actor function computes at τ (ratio 1, and
+    equal to a log-softmax of the full forward's logits / τ written out here); the raw model's
+    log-probs (τ = 1) are not."""
+    tau = 0.6
+    policy, batch = _rollout_batch(task, "train", temperature=tau)
+    assert (policy.temperature, policy.top_p) == (tau, 1.0)
+    actor = nnx.merge(policy.sampler.graphdef, policy.sampler.state)
+    mask = np.asarray(batch["loss_mask"])
+    behaviour = np.asarray(batch["logprobs"])
+    tempered = steps_lib.nnx_model_fns(actor, chunk_size=256, temperature=tau)
+    logp = np.asarray(jax.jit(tempered.actor_logprobs)(tempered.actor_params, batch))
+    assert np.max(np.abs(np.exp(logp - behaviour)[mask] - 1.0)) < 1e-4
+    # the reference: log softmax(logits / τ) at each next token, from one plain forward
+    tokens = np.asarray(batch["tokens"])
+    logits = np.asarray(actor(batch["tokens"], batch.get("positions"), batch.get("segment_ids")),
+                        np.float64) / tau
+    ref = logits - logits.max(-1, keepdims=True)
+    ref = ref - np.log(np.exp(ref).sum(-1, keepdims=True))
+    ref_next = np.take_along_axis(ref[:, :-1], tokens[:, 1:, None], -1)[..., 0]
+    assert np.max(np.abs(logp[:, 1:][mask[:, 1:]] - ref_next[mask[:, 1:]])) < 1e-3
+    raw = steps_lib.nnx_model_fns(actor, chunk_size=256)
+    raw_logp = np.asarray(jax.jit(raw.actor_logprobs)(raw.actor_params, batch))
+    assert np.max(np.abs(np.exp(raw_logp - behaviour)[mask] - 1.0)) > 0.05
+    with pytest.raises(ValueError, match="temperature"):
+        steps_lib.nnx_model_fns(actor, temperature=0.0)

@@ -431,3 +431,27 @@ def test_command_line_rsr_settings_reach_both_rsr_stages_only():
     config.rsr.per_family = -1
     with pytest.raises(ConfigError, match="rsr.per_family"):
         terminal_rsi.validate(config)
+
+
+def test_stage_table_names_the_split_it_was_evaluated_on():
+    def row(name, split):
+        return {"name": name, "split": split, "k": 3, "episodes": 12, "retained_step": 0,
+                "mean_at_k": 0.25, "pass_at_1": 0.5, "by_family": {}, "by_tier": {"easy": 0.5}}
+
+    for split in ("test", "val"):
+        report = {"variant": "default", "seed": 0, "stages": [row("base", split)]}
+        head = terminal_rsi.stage_table(report).splitlines()[0]
+        assert f"seed 0: {split} (12 episodes per stage)" in head
+
+
+def test_a_tempered_policy_needs_rollouts_at_its_temperature():
+    config = experiment.get_config("default")
+    config.stage_defaults.train.policy_temperature = 0.6
+    with pytest.raises(ConfigError, match="rollout.temperature = 1.0 but train.policy_temperature"):
+        terminal_rsi.validate(config)
+    config.stage_defaults.rollout.temperature = 0.6
+    terminal_rsi.validate(config)
+    config.stage_defaults.train.policy_temperature = 0.0
+    config.stage_defaults.rollout.temperature = 0.0
+    with pytest.raises(ConfigError, match="policy_temperature must be > 0"):
+        terminal_rsi.validate(config)

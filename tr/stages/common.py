@@ -193,7 +193,8 @@ def inherit_from_parent(config, run_dir) -> ml_collections.ConfigDict:
 
 
 def build_models(model_config, *, seed: int = 0, chunk_size: int = 1024,
-                 tokenizer: str = FALLBACK_TOKENIZER, system_prompt: str = "") -> Models:
+                 tokenizer: str = FALLBACK_TOKENIZER, system_prompt: str = "",
+                 policy_temperature: float = 1.0) -> Models:
     """The named size with overrides, and the tokenizer `tokenizer` names ('byte' or a
     tokenizer.json path, repo-relative allowed); both recorded in the stage manifest."""
     from flax import nnx  # pylint: disable=g-import-not-at-top
@@ -223,15 +224,30 @@ def build_models(model_config, *, seed: int = 0, chunk_size: int = 1024,
                               f"model {model_config.name!r} vocab_size {config.vocab_size}")
     actor = Decoder(config, rngs=nnx.Rngs(seed))
     critic = CriticModel(config, rngs=nnx.Rngs(seed + 1))
-    fns = nnx_model_fns(actor, critic, chunk_size=min(chunk_size, config.max_seq_len))
+    fns = nnx_model_fns(actor, critic, chunk_size=min(chunk_size, config.max_seq_len),
+                        temperature=policy_temperature)
     return Models(config, tok, actor, critic, fns, system_prompt or SYSTEM_PROMPT)
+
+
+def check_on_policy(config) -> None:
+    """The rollouts sample from the policy the updates train: `rollout.temperature` equals
+    `train.policy_temperature` τ (the updates' log-probs are log softmax(logits / τ)), else PPO's
+    ratio against the behaviour log-probs compares two different policies; ConfigError names both."""
+    tau = float(config.train.get("policy_temperature", 1.0))
+    if not tau > 0:
+        raise ConfigError(f"stage {config.name!r}: train.policy_temperature must be > 0, got {tau}")
+    if abs(float(config.rollout.temperature) - tau) > 1e-6:
+        raise ConfigError(f"stage {config.name!r}: rollout.temperature = "
+                          f"{config.rollout.temperature} but train.policy_temperature = {tau}: the "
+                          "rollouts must sample from the policy the updates train (set both)")
 
 
 def stage_models(config, *, seed: int | None = None, chunk_size: int | None = None) -> Models:
     """`build_models` from a stage config (after `inherit_from_parent`)."""
     return build_models(config.model, seed=int(config.seed if seed is None else seed),
                         chunk_size=int(chunk_size or config.train.logprob_chunk_size),
-                        tokenizer=config.tokenizer, system_prompt=config.system_prompt)
+                        tokenizer=config.tokenizer, system_prompt=config.system_prompt,
+                        policy_temperature=float(config.train.get("policy_temperature", 1.0)))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -31,14 +31,19 @@ def defaults() -> ml_collections.ConfigDict:
     return config
 
 
+def _check(config) -> None:
+    if config.rpr.reward not in ("fdr", "spr", "strict"):
+        raise common.ConfigError(f"stage {config.name!r}: rpr.reward = {config.rpr.reward!r}; "
+                                 "expected 'fdr', 'spr' or 'strict'")
+    common.check_on_policy(config)
+
+
 def run(stage_config, run_dir, **_) -> dict:
     config = common.resolve_stage_config(stage_config, defaults())
     done = handoff.finished_summary(run_dir, config.name)
     if done is not None:
         return done
-    if config.rpr.reward not in ("fdr", "spr", "strict"):
-        raise common.ConfigError(f"stage {config.name!r}: rpr.reward = {config.rpr.reward!r}; "
-                                 "expected 'fdr', 'spr' or 'strict'")
+    _check(config)
     opened = handoff.open_stage(config, run_dir, kind=KIND, actor_trains=True, critic_trains=True)
     train_tasks = common.stage_tasks(config.tasks, "train")
     val_tasks = common.stage_tasks(config.tasks, "val")[:int(config.eval.count) or None]

@@ -198,8 +198,8 @@ def validate(config) -> dict:
 
 
 def _check_stage(kind: str, merged: dict) -> None:
-    """The stage kind's own config resolution (unknown field -> ConfigError) and, for `rsr`, its
-    value checks (a bad value -> ConfigError naming the field); nothing built."""
+    """The stage kind's own config resolution (unknown field -> ConfigError) and, for `rsr` and
+    `rpr`, its value checks (a bad value -> ConfigError naming the field); nothing built."""
     import importlib  # pylint: disable=g-import-not-at-top
 
     from tr.stages import common  # pylint: disable=g-import-not-at-top
@@ -211,7 +211,7 @@ def _check_stage(kind: str, merged: dict) -> None:
         module.stage_config(merged)
     elif hasattr(module, "defaults"):
         resolved = common.resolve_stage_config(merged, module.defaults())
-        if kind == "rsr":               # its value checks too, before anything runs
+        if kind in ("rsr", "rpr"):      # its value checks too, before anything runs
             module._check(resolved)     # pylint: disable=protected-access
 
 
@@ -578,7 +578,8 @@ def stage_table(report: dict) -> str:
              if any(t in r["by_tier"] for r in rows)]
     head = f"{'stage':<6} {'step':>5} {'Mean@' + str(k):>7} {'Pass@1':>7} " + " ".join(
         f"{t:>8}" for t in tiers)
-    lines = [f"Terminal-RSI {report['variant']} seed {report['seed']}: test ({rows[0]['episodes'] if rows else 0} "
+    lines = [f"Terminal-RSI {report['variant']} seed {report['seed']}: {_split(report)} "
+             f"({rows[0]['episodes'] if rows else 0} "
              f"episodes per stage), % success", head]
     for r in rows:
         lines.append(f"{r['name']:<6} {r['retained_step']:>5} {_pct(r['mean_at_k']):>7} "
@@ -592,6 +593,13 @@ def stage_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _split(report: dict) -> str:
+    """The split the report's rows were evaluated on (`config.report.split`; `test` by default,
+    `val` when a run is used to choose settings)."""
+    rows = report["stages"]
+    return rows[0].get("split", "test") if rows else "test"
+
+
 def report_markdown(report: dict) -> str:
     rows = report["stages"]
     k = rows[0]["k"] if rows else 3
@@ -599,7 +607,8 @@ def report_markdown(report: dict) -> str:
     out = [f"# Terminal-RSI report: `{report['variant']}`, seed {report['seed']}", "",
            f"Wall time {report['wall_s']:.0f} s over {len(report.get('starts_wall_s', [1]))} "
            f"start(s) (stages {json.dumps(report['stage_wall_s'])}, "
-           f"test evaluations {report['test_eval_s']:.0f} s); {report['test_tasks']} test tasks, "
+           f"{_split(report)} evaluations {report['test_eval_s']:.0f} s); {report['test_tasks']} "
+           f"{_split(report)} tasks, "
            f"k = {k}.", ""]
     if report.get("compile_s"):
         spent = {name: round(sum(v.get(f, 0.0) for f in ("trace_s", "lower_s", "backend_s")), 1)
@@ -616,7 +625,7 @@ def report_markdown(report: dict) -> str:
         out.append("")
     if report.get("ablation"):
         out += [f"Ablation arm `{report['ablation']['cell']}`.", ""]
-    out += ["## Success per stage (test)", "", "```", stage_table(report), "```", "",
+    out += [f"## Success per stage ({_split(report)})", "", "```", stage_table(report), "```", "",
             "By family (Mean@k, %):", "",
             "| stage | " + " | ".join(families) + " |",
             "|---" * (len(families) + 1) + "|"]
@@ -664,8 +673,8 @@ def write_plots(run_dir: pathlib.Path, report: dict, curves: dict, rescored) -> 
     ax.bar(x - 0.2, [100 * r["mean_at_k"] for r in rows], 0.4, label=f"Mean@{k}")
     ax.bar(x + 0.2, [100 * r["pass_at_1"] for r in rows], 0.4, label="Pass@1")
     ax.set_xticks(x, [r["name"] for r in rows])
-    ax.set_ylabel("test success (%)")
-    ax.set_title("Success per stage (test)")
+    ax.set_ylabel(f"{_split(report)} success (%)")
+    ax.set_title(f"Success per stage ({_split(report)})")
     ax.legend()
     fig.savefig(folder / "success.png", dpi=100)
     plt.close(fig)
@@ -683,7 +692,8 @@ def write_plots(run_dir: pathlib.Path, report: dict, curves: dict, rescored) -> 
     ax.set_xlabel("critic update (warm-up, then RPR-1, RPR-2)")
     ax.set_ylabel("explained variance")
     ax.set_title("Critic EV per update")
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:      # an arm without critic stages (rsr_only) has none
+        ax.legend()
     fig.savefig(folder / "ev.png", dpi=100)
     plt.close(fig)
     out["EV per update"] = "plots/ev.png"
@@ -695,7 +705,7 @@ def write_plots(run_dir: pathlib.Path, report: dict, curves: dict, rescored) -> 
         ax.bar(np.arange(len(tiers)) + i * width, [100 * (r["by_tier"].get(t) or 0) for t in tiers],
                width, label=r["name"])
     ax.set_xticks(np.arange(len(tiers)) + 0.4 - width / 2, tiers)
-    ax.set_ylabel(f"test Mean@{k} (%)")
+    ax.set_ylabel(f"{_split(report)} Mean@{k} (%)")
     ax.set_title("Success by tier per stage")
     ax.legend()
     fig.savefig(folder / "tiers.png", dpi=100)

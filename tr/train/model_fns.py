@@ -30,13 +30,17 @@ class ModelFns:
     critic_params: PyTree
 
 
-def nnx_model_fns(actor=None, critic=None, *, chunk_size: int = 1024) -> ModelFns:
+def nnx_model_fns(actor=None, critic=None, *, chunk_size: int = 1024,
+                  temperature: float = 1.0) -> ModelFns:
     """`ModelFns` for a `tr.models` `Decoder` actor and `CriticModel` critic (NNX modules).
 
     The parameters become pure dicts (`nnx.to_pure_dict`); the graph definitions and any non-
     parameter state are closed over. Log-probs use `tr.models.decoder.token_logprobs` in chunks of
-    `chunk_size` positions.
+    `chunk_size` positions, of the `temperature`-scaled model `softmax(logits / temperature)` (1:
+    the raw model; see `train.policy_temperature`).
     """
+    if not temperature > 0:
+        raise ValueError(f"nnx_model_fns: temperature must be > 0, got {temperature}")
     from flax import nnx  # pylint: disable=g-import-not-at-top
     from tr.models.decoder import token_logprobs  # pylint: disable=g-import-not-at-top
 
@@ -51,7 +55,8 @@ def nnx_model_fns(actor=None, critic=None, *, chunk_size: int = 1024) -> ModelFn
         def actor_fn(params, batch):
             model = nnx.merge(actor_graph, params, actor_rest)
             logp, _ = token_logprobs(model, batch["tokens"], batch.get("positions"),
-                                     batch.get("segment_ids"), chunk_size=chunk_size)
+                                     batch.get("segment_ids"), chunk_size=chunk_size,
+                                     temperature=temperature)
             return logp
     if critic is not None:
         critic_graph, critic_params, critic_rest = split(critic)

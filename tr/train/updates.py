@@ -95,6 +95,11 @@ def default_config() -> ml_collections.ConfigDict:
         # mini-batch size, empty micro-batches skipped. 0: num_micro_batches (the pod's setting).
         "micro_batch_rows": 0,
         "logprob_chunk_size": 1024,
+        # τ: the actor's log-probs in every update are log softmax(logits / τ), so the policy the
+        # updates train is the τ-tempered model (1: the raw model, SPEC §2). PPO is on-policy only
+        # when the rollouts sample from that policy: rollout temperature τ, top-p 1 (checked by
+        # the stages that train on rollouts).
+        "policy_temperature": 1.0,
     })
 
 
