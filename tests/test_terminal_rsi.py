@@ -446,6 +446,7 @@ def test_stage_table_names_the_split_it_was_evaluated_on():
 
 def test_a_tempered_policy_needs_rollouts_at_its_temperature():
     config = experiment.get_config("default")
+    config.stage_defaults.rollout.temperature = 1.0
     config.stage_defaults.train.policy_temperature = 0.6
     with pytest.raises(ConfigError, match="rollout.temperature = 1.0 but train.policy_temperature"):
         terminal_rsi.validate(config)

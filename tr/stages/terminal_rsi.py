@@ -480,7 +480,7 @@ def run(config, workdir) -> dict:
         rows.append(stage_row(row, data, rc.split))
         rows[-1]["actor_hash"] = actor_hash
         same = f" (the actor of {data['same_actor_as']}: not re-run)" if data.get("same_actor_as") else ""
-        print(f"[terminal_rsi] test {row} ({stage}, step {data['retained_step']}): "
+        print(f"[terminal_rsi] {rc.split} {row} ({stage}, step {data['retained_step']}): "
               f"Mean@{rc.k} {rows[-1]['mean_at_k']:.3f}  Pass@1 {rows[-1]['pass_at_1']:.3f}{same}",
               flush=True)
     eval_s = float(sum(row.get("eval_s") or 0.0 for row in rows))   # kept in eval.json across starts

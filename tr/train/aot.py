@@ -218,7 +218,8 @@ def lower_steps(config: ml_collections.ConfigDict, devices: list[Any]) -> dict[s
     with sharding_lib.axis_rules(rules):
         actor = nnx.eval_shape(lambda: Decoder(model_config, rngs=nnx.Rngs(0)))
         critic = nnx.eval_shape(lambda: CriticModel(model_config, rngs=nnx.Rngs(1))) if needs_critic else None
-        fns = steps_lib.nnx_model_fns(actor, critic, chunk_size=int(config.train.logprob_chunk_size))
+        fns = steps_lib.nnx_model_fns(actor, critic, chunk_size=int(config.train.logprob_chunk_size),
+                                      temperature=float(config.train.get("policy_temperature", 1.0)))
         actor_opt = steps_lib.make_optimizer(config.train.actor.optimizer)
         critic_opt = steps_lib.make_optimizer(config.train.critic.optimizer)
         state = jax.eval_shape(lambda a, c: create_train_state(
