@@ -80,6 +80,15 @@ def stage_entries(*, calibration: int, rpr1_iterations: int, rpr2_iterations: in
     ]
 
 
+def rsr_settings(rsr: dict) -> ml_collections.ConfigDict:
+    """`config.rsr`, what the command line may set on both RSR stages: the variant's `rsr` section
+    (the one `stage_entries` put in them) over the rsr kind's defaults for the other fields, plus
+    the SFT's `learning_rate` (0: the kind's 3e-4)."""
+    return ml_collections.ConfigDict({"per_task": 1, "per_family": 0, "temperature": 0.0,
+                                      "top_p": 0.0, "epochs": 2, "batch": 8,
+                                      "learning_rate": 0.0, **rsr})
+
+
 def get_config(variant: str = "default"):
     if variant not in VARIANTS:
         raise ValueError(f"experiments/terminal_rsi.py: unknown variant {variant!r}; choose one of "
@@ -140,19 +149,18 @@ def get_config(variant: str = "default"):
     # 8 epochs of 2 mini-batches: 32 critic updates); RPR one calibration batch then 4 PPO
     # batches of 32 episodes.
     calibration, it1, it2 = 1, 4, 4
+    rsr = {"tasks": 32, "explore_k": 4, "replay_m": 2, "per_task": 2}
     config.stages = stage_entries(calibration=calibration, rpr1_iterations=it1,
                                   rpr2_iterations=it2, rpr2_lr=actor_lr / 5,
                                   base=_base_entry(variant), warmup_tasks=32, warmup_epochs=8,
-                                  rsr={"tasks": 32, "explore_k": 4, "replay_m": 2, "per_task": 2})
+                                  rsr=rsr)
     # Both RSR stages' settings from the command line (`--config.rsr.per_family=8`), laid over
     # each stage's own `rsr` section (tr.stages.terminal_rsi.rsr_overlay); `learning_rate` is the
     # SFT's (0: the rsr kind's 3e-4); temperature / top_p 0: the training rollouts' (1.0 / 1.0).
     # Measured on `val` (6 Dec, seed 0, Base ef238580): sampling at 0.6 / 0.95 over 112 tasks
     # triples the successes, but neither 52 replays at lr 1e-3 (val Mean@3 24.5 -> 18.2) nor 26
     # family-capped ones at 3e-4 (-> 22.9) beat Base, so the default keeps the rollouts' sampling.
-    config.rsr = ml_collections.ConfigDict({
-        "tasks": 32, "explore_k": 4, "replay_m": 2, "per_task": 2, "per_family": 0,
-        "temperature": 0.0, "top_p": 0.0, "epochs": 2, "batch": 8, "learning_rate": 0.0})
+    config.rsr = rsr_settings(rsr)
     # The report: a test evaluation (Mean@k, Pass@1 by family and tier) of each stage's retained
     # actor; which pipeline stage stands for which report row.
     config.report = ml_collections.ConfigDict({
@@ -171,12 +179,11 @@ def get_config(variant: str = "default"):
         config.stage_defaults.arrays.update(rows=4, length=512, pack_multiple=2)
         config.stage_defaults.eval.update(count=4, every=0)
         config.stage_defaults.train.ppo.update(mini_batches=1, epochs=1)
+        rsr = {"tasks": 4, "explore_k": 2, "replay_m": 1, "epochs": 1, "batch": 4}
         config.stages = stage_entries(calibration=1, rpr1_iterations=1, rpr2_iterations=1,
                                       rpr2_lr=actor_lr / 5, base=_base_entry(variant),
-                                      warmup_tasks=4, profile_tasks=4,
-                                      rsr={"tasks": 4, "explore_k": 2, "replay_m": 1,
-                                           "epochs": 1, "batch": 4})
-        config.rsr.update(tasks=4, explore_k=2, replay_m=1, per_task=1, epochs=1, batch=4)
+                                      warmup_tasks=4, profile_tasks=4, rsr=rsr)
+        config.rsr = rsr_settings(rsr)
         config.report.update(count=4, k=3, max_turns=2, max_output_tokens=24, context=0,
                              concurrency=4)
     elif variant == "direct_ppo":
@@ -204,10 +211,11 @@ def _paper(config) -> None:
     d.train.critic.optimizer.learning_rate = 1.5e-5
     d.train.ppo.update(estimator="tb_gae", mini_batches=1, epochs=1)
     d.train.micro_batch_rows = 0           # the pod's num_micro_batches (experiments/pod_scale.py)
+    rsr = {"tasks": 0, "explore_k": 4, "replay_m": 4}
     config.stages = stage_entries(calibration=4, rpr1_iterations=20, rpr2_iterations=18,
                                   rpr2_lr=1e-7, base=_base_entry("paper"), warmup_tasks=0,
-                                  profile_tasks=0, rsr={"tasks": 0, "explore_k": 4, "replay_m": 4})
-    config.rsr.update(tasks=0, explore_k=4, replay_m=4, per_task=1)
+                                  profile_tasks=0, rsr=rsr)
+    config.rsr = rsr_settings(rsr)
     config.report.update(count=0, k=3, temperature=0.6, top_p=0.95, max_output_tokens=8192,
                          max_turns=64, context=0, concurrency=64)
     config.paper = ml_collections.ConfigDict({

@@ -127,7 +127,8 @@ def schedule(config) -> tuple[list[dict], dict, dict, list[dict]]:
     kind this checkout lacks is an error, or (`missing_kinds = 'skip'`) left out with its
     children's `actor_from` / `critic_from` pointing at its own parents.
     """
-    entries = [rsr_overlay(_plain(e), _plain(config.get("rsr", {})) or {}) for e in config.stages]
+    rsr = _plain(config.get("rsr", {})) or {}
+    entries = [rsr_overlay(_plain(e), rsr) for e in config.stages]
     report = dict(_plain(config.report.stages))
     cell = str(config.get("ablation", {}).get("cell", "") or "")
     lam = float(config.get("ablation", {}).get("lam", FACTORIAL_LAM))
