@@ -119,6 +119,30 @@ def test_a_second_start_reruns_no_stage(quick_run):
     assert {p: p.stat().st_mtime_ns for p in workdir.glob("report-evals/*/eval.json")} == evals
 
 
+def test_a_report_on_val_keeps_the_test_report(quick_run):
+    """`--config.report.split=val` on a finished run evaluates the retained actors on `val` into
+    report-val.json / report-evals-val/ / plots-val/: the test report and its cached evaluations
+    (keyed by step, tasks and sampling) are neither reused nor overwritten."""
+    workdir, _ = quick_run
+    test_files = {p: p.read_bytes() for p in [workdir / "report.json", workdir / "report.md",
+                                              *workdir.glob("report-evals/*/eval.json")]}
+    result = run_main("--config=experiments/terminal_rsi.py:quick", f"--workdir={workdir}",
+                      "--config.report.split=val", *SKIP)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert {p: p.read_bytes() for p in test_files} == test_files
+    report = json.loads((workdir / "report-val.json").read_text())
+    test_report = json.loads(test_files[workdir / "report.json"])
+    assert [r["stage"] for r in report["stages"]] == [r["stage"] for r in test_report["stages"]]
+    for row in report["stages"]:
+        assert row["split"] == "val"
+        data = json.loads((workdir / "report-evals-val" / row["stage"] / "eval.json").read_text())
+        test_data = json.loads((workdir / "report-evals" / row["stage"] / "eval.json").read_text())
+        assert data["settings"]["split"] == "val" and test_data["settings"]["split"] == "test"
+        assert not set(data["settings"]["tasks"]) & set(test_data["settings"]["tasks"])
+    assert (workdir / "plots-val" / "success.png").stat().st_size > 1000
+    assert "Success per stage (val)" in (workdir / "report-val.md").read_text()
+
+
 def test_a_stage_whose_actor_was_evaluated_reuses_the_evaluation(tmp_path):
     """Same retained actor hash (e.g. RSR-2 kept its step 0, RPR-1's actor): the report takes the
     evaluation already made (no checkpoint is read, nothing sampled), caches it under the stage,
@@ -128,16 +152,18 @@ def test_a_stage_whose_actor_was_evaluated_reuses_the_evaluation(tmp_path):
     source = {"stage": "rpr1", "retained_step": 17, "eval_s": 150.0, "k": 3, "episodes": 192,
               "overall": {"pass@1": 0.25, "mean@3": 0.3}, "by_family": {"sum-column": {"pass@1": 0.5, "mean@3": 0.5}},
               "by_tier": {"easy": {"mean@3": 0.4}}}
-    data = terminal_rsi.evaluate_stage(tmp_path, "rsr2", None, [], seed=0, same_actor=source)
+    rc = experiment.get_config("quick").report
+    source["settings"] = terminal_rsi.evaluation_settings(rc, [], 0)
+    data = terminal_rsi.evaluate_stage(tmp_path, "rsr2", rc, [], seed=0, same_actor=source)
     assert data["stage"] == "rsr2" and data["retained_step"] == 0 and data["same_actor_as"] == "rpr1"
     assert data["eval_s"] == 0.0 and data["overall"] == source["overall"]
     assert json.loads((tmp_path / "report-evals" / "rsr2" / "eval.json").read_text()) == data
-    assert terminal_rsi.evaluate_stage(tmp_path, "rsr2", None, [], seed=0) == data       # the cache
+    assert terminal_rsi.evaluate_stage(tmp_path, "rsr2", rc, [], seed=0) == data         # the cache
     row = terminal_rsi.stage_row("rsr2", data, "test")
     assert row["same_actor_as"] == "rpr1" and row["mean_at_k"] == 0.3 and row["pass_at_1"] == 0.25
     (tmp_path / "rpr2").mkdir()   # RPR-2 kept its step 0 too: still RPR-1's evaluation
     (tmp_path / "rpr2" / "summary.json").write_text(json.dumps({"retained_step": 0, "actor_hash": "ab" * 32}))
-    chained = terminal_rsi.evaluate_stage(tmp_path, "rpr2", None, [], seed=0, same_actor=data)
+    chained = terminal_rsi.evaluate_stage(tmp_path, "rpr2", rc, [], seed=0, same_actor=data)
     assert chained["stage"] == "rpr2" and chained["same_actor_as"] == "rpr1"
 
 

@@ -317,12 +317,13 @@ def evaluate_stage(run_dir: pathlib.Path, stage: str, report_config, tasks, *, s
     hash (a stage that kept its step 0). The evaluation is a function of the parameters, the tasks
     and the seed (batch-invariant sampler), so it is reused, not re-run (`same_actor_as` says so).
     """
-    out_dir = run_dir / "report-evals" / stage
+    out_dir = run_dir / f"report-evals{split_suffix(report_config.split)}" / stage
     step = retained_step(run_dir, stage)
+    settings = evaluation_settings(report_config, tasks, seed)
     cached = out_dir / "eval.json"
     if cached.exists():
         data = json.loads(cached.read_text())
-        if data.get("retained_step") == step:
+        if data.get("retained_step") == step and data.get("settings") == settings:
             return data
     if same_actor is not None:
         data = {**same_actor, "stage": stage, "retained_step": step, "eval_s": 0.0,
@@ -353,9 +354,26 @@ def evaluate_stage(run_dir: pathlib.Path, stage: str, report_config, tasks, *, s
                                       progress=False, system_prompt=system_prompt)[stage]
     finally:
         sampler.close()
-    data = {"stage": stage, "retained_step": step, "eval_s": time.monotonic() - t0, **summary}
+    data = {"stage": stage, "retained_step": step, "eval_s": time.monotonic() - t0,
+            "settings": settings, **summary}
     _write(cached, json.dumps(data, indent=1, sort_keys=True, default=str))
     return data
+
+
+def split_suffix(split: str) -> str:
+    """The file-name suffix of a report on `split`: none for `test` (report.json, plots/,
+    report-evals/), `-val` for `val` (report-val.json, plots-val/, report-evals-val/), so a
+    report on another split never overwrites the test report or reuses its evaluations."""
+    return "" if split == "test" else f"-{split}"
+
+
+def evaluation_settings(report_config, tasks, seed: int) -> dict:
+    """What a cached evaluation must match to be reused: the tasks, k, sampling and budgets."""
+    rc = report_config
+    return {"split": str(rc.split), "tasks": [t.id for t in tasks], "k": int(rc.k),
+            "temperature": float(rc.temperature), "top_p": float(rc.top_p),
+            "max_turns": int(rc.max_turns), "max_output_tokens": int(rc.max_output_tokens),
+            "context": int(rc.get("context", 0)), "seed": int(seed)}
 
 
 def stage_row(row: str, data: dict, split: str) -> dict:
@@ -508,8 +526,10 @@ def run(config, workdir) -> dict:
                              "metrics": rescored[0]}
     curves = training_curves(run_dir, [e["name"] for e in entries])
     (run_dir / "curves.json").write_text(json.dumps(curves, indent=1, sort_keys=True))
+    suffix = split_suffix(rc.split)
     if rc.plots:
-        report["plots"] = write_plots(run_dir, report, curves, rescored)
+        report["plots"] = write_plots(run_dir, report, curves, rescored,
+                                      folder=run_dir / f"plots{suffix}")
     # wall_s: every completed start of this run directory (a resumed run adds its time)
     starts_path = run_dir / "starts.json"
     starts = json.loads(starts_path.read_text()) if starts_path.exists() else []
@@ -517,11 +537,12 @@ def run(config, workdir) -> dict:
     _write(starts_path, json.dumps(starts))
     report["wall_s"] = float(sum(starts))
     report["starts_wall_s"] = starts
-    _write(run_dir / "report.json", json.dumps(report, indent=1, sort_keys=True, default=str))
-    _write(run_dir / "report.md", report_markdown(report))
+    _write(run_dir / f"report{suffix}.json",
+           json.dumps(report, indent=1, sort_keys=True, default=str))
+    _write(run_dir / f"report{suffix}.md", report_markdown(report))
     print(stage_table(report), flush=True)
-    print(f"[terminal_rsi] wrote {run_dir / 'report.json'}, report.md, plots/ "
-          f"(wall {report['wall_s']:.0f}s)", flush=True)
+    print(f"[terminal_rsi] wrote {run_dir / f'report{suffix}.json'}, report{suffix}.md, "
+          f"plots{suffix}/ (wall {report['wall_s']:.0f}s)", flush=True)
     return report
 
 
@@ -656,14 +677,16 @@ def report_markdown(report: dict) -> str:
 # Plots
 
 
-def write_plots(run_dir: pathlib.Path, report: dict, curves: dict, rescored) -> dict:
-    """plots/success.png, ev.png, tiers.png, rewards.png, curves.png (matplotlib, Agg)."""
+def write_plots(run_dir: pathlib.Path, report: dict, curves: dict, rescored,
+                folder: pathlib.Path | None = None) -> dict:
+    """success.png, ev.png, tiers.png, rewards.png, curves.png in `folder` (default
+    run_dir/plots; matplotlib, Agg)."""
     import matplotlib  # pylint: disable=g-import-not-at-top
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
     import numpy as np  # pylint: disable=g-import-not-at-top
 
-    folder = run_dir / "plots"
+    folder = folder or run_dir / "plots"
     folder.mkdir(exist_ok=True)
     rows = report["stages"]
     out = {}
@@ -679,7 +702,7 @@ def write_plots(run_dir: pathlib.Path, report: dict, curves: dict, rescored) -> 
     ax.legend()
     fig.savefig(folder / "success.png", dpi=100)
     plt.close(fig)
-    out["success per stage"] = "plots/success.png"
+    out["success per stage"] = f"{folder.name}/success.png"
 
     fig, ax = plt.subplots(figsize=(7, 3.6), constrained_layout=True)
     offset = 0
@@ -697,7 +720,7 @@ def write_plots(run_dir: pathlib.Path, report: dict, curves: dict, rescored) -> 
         ax.legend()
     fig.savefig(folder / "ev.png", dpi=100)
     plt.close(fig)
-    out["EV per update"] = "plots/ev.png"
+    out["EV per update"] = f"{folder.name}/ev.png"
 
     tiers = [t for t in ("easy", "medium", "hard", "extreme") if any(t in r["by_tier"] for r in rows)]
     fig, ax = plt.subplots(figsize=(7, 3.6), constrained_layout=True)
@@ -711,13 +734,13 @@ def write_plots(run_dir: pathlib.Path, report: dict, curves: dict, rescored) -> 
     ax.legend()
     fig.savefig(folder / "tiers.png", dpi=100)
     plt.close(fig)
-    out["success by tier"] = "plots/tiers.png"
+    out["success by tier"] = f"{folder.name}/tiers.png"
 
     if rescored is not None:
         from tr.rewards.rescore import plot_rewards  # pylint: disable=g-import-not-at-top
         metrics, rewards, strict, _ = rescored
         plot_rewards(rewards, strict, metrics, str(folder / "rewards.png"))
-        out["FDR vs SPR rewards"] = "plots/rewards.png"
+        out["FDR vs SPR rewards"] = f"{folder.name}/rewards.png"
 
     if curves:
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
@@ -738,7 +761,7 @@ def write_plots(run_dir: pathlib.Path, report: dict, curves: dict, rescored) -> 
             a.legend(fontsize=7)
         fig.savefig(folder / "curves.png", dpi=100)
         plt.close(fig)
-        out["training curves"] = "plots/curves.png"
+        out["training curves"] = f"{folder.name}/curves.png"
     return out
 
 
