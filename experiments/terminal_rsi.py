@@ -124,7 +124,8 @@ def get_config(variant: str = "default"):
         # the warm-up's EV (0.83 at its last update), but on `val` (64 tasks x 3, seed 0, 6 Dec)
         # the whole recursion went 24.5 -> 22.4 Mean@3 with it, so the default stays at 1
         "rollout": {"concurrency": 16, "tasks_per_iteration": 16, "group_size": 2,
-                    "oversample": 0, "max_output_tokens": 64, "max_turns": 5, "context": 1024},
+                    "oversample": 0, "max_output_tokens": 64, "max_turns": 5, "context": 1024,
+                    "temperature": 1.0, "top_p": 1.0},
         # Episodes packed several to a row (~40 % of a padded 1,024-token row is tokens): a
         # 32-episode PPO batch in 16 rows, 19.7 s instead of 40.5 s (bench/bench_packing.py,
         # synthetic 150-750-token episodes, 2 Dec)
@@ -141,7 +142,10 @@ def get_config(variant: str = "default"):
                   # one compiled step for the 16- and 24-row packed batches, the calibration's full
                   # batch and the mini-batches, and a PPO update on 12 rows 4.8 -> 3.5 s (empty
                   # micro-batches skipped; smaller activations; 2-core Xeon, 4 Dec)
-                  "micro_batch_rows": 2},
+                  "micro_batch_rows": 2,
+                  # tau: the updates train log softmax(logits / tau); rollout.temperature must
+                  # equal it (1: the raw model, SPEC §2)
+                  "policy_temperature": 1.0},
     })
     # Smaller than 1 Dec's schedule (65 -> 35 min on 2 cores, ~23 min with packed rows and two PPO
     # epochs, 2 Dec; the 15 is not met): RSR

@@ -482,3 +482,20 @@ def test_a_tempered_policy_needs_rollouts_at_its_temperature():
     config.stage_defaults.rollout.temperature = 0.0
     with pytest.raises(ConfigError, match="policy_temperature must be > 0"):
         terminal_rsi.validate(config)
+
+
+def test_the_tempered_policy_is_set_from_the_command_line(tmp_path):
+    """The flags the config's comments and the README give for training the 0.6-tempered policy
+    name fields the experiment config has (a missing one is refused by the flag parser), and the
+    check of `rpr` names both values when only one of them is given."""
+    tau = ("--config.stage_defaults.rollout.temperature=0.6",
+           "--config.stage_defaults.rollout.top_p=1.0")
+    ok = run_main("--config=experiments/terminal_rsi.py", f"--workdir={tmp_path / 'ok'}",
+                  "--config.validate_only=True", *tau,
+                  "--config.stage_defaults.train.policy_temperature=0.6")
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert (tmp_path / "ok" / "validated.json").is_file()
+    bad = run_main("--config=experiments/terminal_rsi.py", f"--workdir={tmp_path / 'bad'}",
+                   "--config.validate_only=True", *tau)
+    assert bad.returncode != 0
+    assert "rollout.temperature = 0.6 but train.policy_temperature" in bad.stderr + bad.stdout
