@@ -528,8 +528,7 @@ def run(config, workdir) -> dict:
     (run_dir / "curves.json").write_text(json.dumps(curves, indent=1, sort_keys=True))
     suffix = split_suffix(rc.split)
     if rc.plots:
-        report["plots"] = write_plots(run_dir, report, curves, rescored,
-                                      folder=run_dir / f"plots{suffix}")
+        report["plots"] = write_plots(run_dir / f"plots{suffix}", report, curves, rescored)
     # wall_s: every completed start of this run directory (a resumed run adds its time)
     starts_path = run_dir / "starts.json"
     starts = json.loads(starts_path.read_text()) if starts_path.exists() else []
@@ -677,16 +676,14 @@ def report_markdown(report: dict) -> str:
 # Plots
 
 
-def write_plots(run_dir: pathlib.Path, report: dict, curves: dict, rescored,
-                folder: pathlib.Path | None = None) -> dict:
-    """success.png, ev.png, tiers.png, rewards.png, curves.png in `folder` (default
-    run_dir/plots; matplotlib, Agg)."""
+def write_plots(folder: pathlib.Path, report: dict, curves: dict, rescored) -> dict:
+    """success.png, ev.png, tiers.png, rewards.png, curves.png in `folder` (the run's `plots/`, or
+    `plots-<split>/`; matplotlib, Agg)."""
     import matplotlib  # pylint: disable=g-import-not-at-top
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
     import numpy as np  # pylint: disable=g-import-not-at-top
 
-    folder = folder or run_dir / "plots"
     folder.mkdir(exist_ok=True)
     rows = report["stages"]
     out = {}
