@@ -18,7 +18,8 @@ per stage (`report-evals/<stage>/eval.json`; a stage that kept its starting acto
 actor's evaluation).  Outputs: report.json, report.md, plots/*.png.
 
 Variants
-  default     the gym and the embedded model on CPU (the main job: ~9 min alone on 2 cores)
+  default     the gym and the embedded model on CPU (the main job: 9-11 min alone on a 2-core
+              AVX-512 host, ~20 min on a slower one; README)
   quick       the same loop at test size (<= 2 min; the tests run it)
   paper       the seed's Table 1 setup (qwen3-27b, a task directory, batch 256/288, ...): loads and
               validates (`--config.validate_only=True` is implied), cannot run here
