@@ -12,7 +12,8 @@ Run from the repository root, with a copy of a default run's `base/` folder in W
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[4] / "experiments"))
+ROOT = pathlib.Path(__file__).resolve().parents[4]          # the repository
+sys.path[:0] = [str(ROOT), str(ROOT / "experiments")]      # tr/ and experiments/terminal_rsi.py
 import terminal_rsi  # noqa: E402  pylint: disable=wrong-import-position
 
 

@@ -1,5 +1,6 @@
 """Val Pass@1 (64 tasks, k = 1) per rollout episode of the `wide` and `matched` arms, one panel per
-seed: python docs/results/val-tuning/more-rl/plot.py RUN_ROOT  (RUN_ROOT/seed-S/ARM/ppo/eval-val.jsonl)."""
+seed, from RUN_ROOT/seed-S/ARM/ppo/eval-val.jsonl (run from the repository root):
+  .venv/bin/python docs/results/val-tuning/more-rl/plot.py RUN_ROOT"""
 import json
 import pathlib
 import sys
@@ -8,7 +9,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=wrong-import-position
 
-EPISODES_PER_ITERATION = {"wide": 64, "matched": 32}
+import long_ppo  # noqa: E402  the arms' configs, beside this script
+
+
+def episodes_per_iteration(arm: str) -> int:
+    """Rollout episodes per iteration of `arm`: tasks_per_iteration x group_size of its config."""
+    rollout = long_ppo.get_config(arm).stage_defaults.rollout
+    return int(rollout.tasks_per_iteration) * int(rollout.group_size)
 
 
 def curve(path: pathlib.Path, per_iteration: int) -> tuple[list[int], list[float]]:
@@ -25,7 +32,8 @@ def main(root: pathlib.Path) -> None:
         raise SystemExit(f"{root}: no seed-*/ folders")
     fig, axes = plt.subplots(1, len(seeds), figsize=(5 * len(seeds), 3.6), squeeze=False)
     for ax, seed_dir in zip(axes[0], seeds):
-        for arm, per_iteration in EPISODES_PER_ITERATION.items():
+        for arm in ("wide", "matched"):
+            per_iteration = episodes_per_iteration(arm)
             path = seed_dir / arm / "ppo" / "eval-val.jsonl"
             if path.exists():
                 ax.plot(*curve(path, per_iteration), marker="o", label=f"{arm} ({per_iteration}/batch)")
