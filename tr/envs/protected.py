@@ -82,8 +82,56 @@ VERIFIER_HOME = "/tmp/.tr-verifier-home"
 VERIFIER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/tr/verifier/bin"
 TESTS_MOUNT = "/tests"
 RESULTS_DIR = "/logs/verifier"
+COLLECTED_FILENAME = "collected.json"   # the node ids the harness's pytest collected
 CHECKRUN = f"{FILES_MOUNT}/checkrun.py"   # the stdlib check runner (tr/envs/checkrun.py)
-LINKS = {"bin/python": "/usr/bin/python3"}   # harness-owned links in FILES_MOUNT
+LINKS = {"bin/python": "/usr/bin/python3",     # harness-owned links in FILES_MOUNT
+         # `import tests.x` in a package of tests: /tests through a harness-owned parent
+         # (pytest imports in importlib mode, so no agent-writable folder is on sys.path)
+         "pkgroot/tests": TESTS_MOUNT}
+NSS_DATABASES = ("passwd", "group", "shadow", "gshadow", "hosts", "networks", "protocols",
+                 "services", "ethers", "rpc", "netgroup", "aliases", "initgroups")
+# What the verifier's git never runs from a repository's or the sandbox's configuration: command
+# line settings (GIT_CONFIG_COUNT) win over every configuration file.
+GIT_OVERRIDES = (("core.fsmonitor", "false"), ("core.hooksPath", "/dev/null"),
+                 ("core.pager", "cat"))
+COLLECTED_MARK = "[tr-collected]"
+# The harness's pytest plugin: at the end of collection it writes the node ids it collected
+# (rootdir-relative) to $TR_COLLECTED (a results file) and prints their count and digest on the
+# verifier's own output, so the harness can tell a report that lost or gained cases
+# (tr.envs.verifier.check_runner_word).
+COLLECTED_PLUGIN = f"""# tr's protected verifier: which tests pytest collected (tr.envs.protected).
+import hashlib
+import json
+import os
+
+_line = None
+
+
+def pytest_collection_finish(session):
+    global _line
+    ids = sorted(item.nodeid for item in session.items)
+    text = json.dumps(ids)
+    path = os.environ.get("TR_COLLECTED")
+    if path:
+        with open(path, "w") as f:
+            f.write(text)
+    _line = "{COLLECTED_MARK} %d %s" % (len(ids), hashlib.sha256(text.encode()).hexdigest())
+    _say(session.config)
+
+
+def pytest_unconfigure(config):
+    _say(config)
+
+
+def _say(config):
+    if _line is None:
+        return
+    reporter = config.pluginmanager.getplugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(_line)
+    else:
+        os.write(1, (_line + "\\n").encode())
+"""
 # TB1's harness installs a project folder's own package into its test env (`uv init; uv add`
 # in the workdir).  When the verifier's script says so (TR_PROJECT_DIR, set by
 # tr.envs.tasks.testscript), a top-level module found nowhere else is looked up there -- but only
@@ -168,6 +216,14 @@ FILES = {
                           "protected verifier: a test that imports it or runs `sys.executable -m "
                           "pip` would judge the harness's Python, not the sandbox's\")\n",
     "ca-certificates.crt": _host_ca_bundle(),
+    # glibc loads ``libnss_<service>.so.2`` for every service /etc/nsswitch.conf names (a name
+    # may hold a ``/``: any library of the agent's, relative to the cwd); the verifier's tree
+    # reads this one instead, built-in services only (``files``, ``dns``: in libc since 2.34)
+    "nsswitch.conf": "# The protected verifier's name service switch: users, groups and hosts come\n"
+                     "# from the files of /etc (data), no module is loaded.\n"
+                     + "".join(f"{db}: {'files dns' if db == 'hosts' else 'files'}\n"
+                               for db in NSS_DATABASES),
+    "site/tr_collected.py": COLLECTED_PLUGIN,
 }
 # Part of the folder name, so a changed file is never served from an older copy.
 FILES_VERSION = hashlib.sha256(repr((sorted(FILES.items()), sorted(LINKS.items()))).encode()
@@ -216,13 +272,31 @@ def verifier_env(python: str, tests_mount: str) -> dict:
         "TR_PYTHON": python,
         "PYTHONNOUSERSITE": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONPATH": f"{FILES_MOUNT}/site",
         "OPENSSL_CONF": f"{FILES_MOUNT}/openssl.cnf",
         "GIT_CONFIG_SYSTEM": f"{FILES_MOUNT}/gitconfig",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        **git_overrides(),
+        "SHELL": "/bin/bash",    # bash looks its user up when SHELL is unset
+        "TR_COLLECTED": f"{RESULTS_DIR}/{COLLECTED_FILENAME}",
         "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        # importlib mode: pytest puts no folder on sys.path for the tests (prepend mode would put
+        # the tests' package root, `/` for a /tests/__init__.py, first); the tests' own folder
+        # and a harness-owned parent of it are on PYTHONPATH instead, so `import helpers`,
+        # `import tests.helpers` and relative imports keep working
+        "PYTHONPATH": (f"{FILES_MOUNT}/site:{tests_mount}"
+                       + (f":{FILES_MOUNT}/pkgroot" if tests_mount == TESTS_MOUNT else "")),
         "PYTEST_ADDOPTS": (f"-c {FILES_MOUNT}/pytest.ini --rootdir={tests_mount} "
-                           f"--confcutdir={tests_mount} -p no:cacheprovider"),
+                           f"--confcutdir={tests_mount} -p no:cacheprovider "
+                           f"--import-mode=importlib -p tr_collected"),
     }
+
+
+def git_overrides() -> dict:
+    """``GIT_CONFIG_COUNT``/``KEY_n``/``VALUE_n`` for :data:`GIT_OVERRIDES`."""
+    env = {"GIT_CONFIG_COUNT": str(len(GIT_OVERRIDES))}
+    for i, (key, value) in enumerate(GIT_OVERRIDES):
+        env[f"GIT_CONFIG_KEY_{i}"], env[f"GIT_CONFIG_VALUE_{i}"] = key, value
+    return env
 
 
 def run_verifier(sandbox, tests_dir, command: str, *, timeout_s: float, output_dir,

@@ -37,6 +37,10 @@ class CommandResult:
     duration_s: float
     output_bytes: int = 0          # total bytes the command wrote (before the cap)
     shell_restarted: bool = False  # the persistent shell had to be replaced (state lost)
+    # every line of the whole output that starts with MARK_PREFIX (the protected verifier's
+    # records, kept even where the output was cut; "[tr-marks-overflow]" last if there were
+    # more than MAX_MARKS)
+    marks: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -288,8 +292,16 @@ class ShellSandbox:
 # ----------------------------------------------------------------------------------------------
 # Output capping, shared by both backends.
 
+MARK_PREFIX = b"[tr-"      # lines the protected verifier's runners print for the harness
+MAX_MARKS = 1000
+MAX_MARK_BYTES = 512
+MARKS_OVERFLOW = "[tr-marks-overflow]"
+
+
 class CappedOutput:
-    """Keeps the first ``cap//2`` and last ``cap - cap//2`` bytes of a stream; memory <= cap."""
+    """Keeps the first ``cap//2`` and last ``cap - cap//2`` bytes of a stream; memory <= cap.
+    Lines starting with :data:`MARK_PREFIX` are kept besides, whole stream long (``marks``; at
+    most :data:`MAX_MARKS` of at most :data:`MAX_MARK_BYTES`, then :data:`MARKS_OVERFLOW`)."""
 
     def __init__(self, cap: int):
         self.cap = cap
@@ -298,8 +310,30 @@ class CappedOutput:
         self.head = bytearray()
         self.tail = bytearray()
         self.total = 0
+        self.marks: list[str] = []
+        self._line = bytearray()       # the start of the current line (what a mark needs)
+        self._line_len = 0
+
+    def _scan(self, data: bytes) -> None:
+        start = 0
+        while start <= len(data):
+            end = data.find(b"\n", start)
+            piece = data[start:] if end < 0 else data[start:end]
+            if self._line_len < MAX_MARK_BYTES + 1:
+                self._line += piece[:MAX_MARK_BYTES + 1 - self._line_len]
+            self._line_len += len(piece)
+            if end < 0:
+                return
+            line, self._line, self._line_len = bytes(self._line), bytearray(), 0
+            if line.startswith(MARK_PREFIX) and len(line) <= MAX_MARK_BYTES:
+                if len(self.marks) < MAX_MARKS:
+                    self.marks.append(line.decode("utf-8", errors="replace").rstrip("\r"))
+                elif self.marks[-1] != MARKS_OVERFLOW:
+                    self.marks.append(MARKS_OVERFLOW)
+            start = end + 1
 
     def add(self, data: bytes) -> None:
+        self._scan(bytes(data))
         self.total += len(data)
         view = memoryview(data)
         if len(self.head) < self.head_cap:
