@@ -30,6 +30,25 @@ Order (the caller takes the pre-verifier snapshot first, e.g. ``Sandbox.snapshot
    * ``OPENSSL_CONF`` (an ``/etc/ssl/openssl.cnf`` can load any shared library into every process
      using OpenSSL, pytest's ``hashlib`` included), ``GIT_CONFIG_SYSTEM`` and ``HOME`` (a fresh
      empty folder) are the harness's;
+   * names: the verifier's tree reads the harness's ``nsswitch.conf`` (``files``/``dns`` only:
+     glibc loads ``libnss_<service>.so.2`` for every service the file names, and a name may
+     hold a ``/``), so users, groups and hosts come from ``/etc``'s files as data and no library
+     of the agent's loads; ``SHELL``, ``HOME``, ``USER`` are set (bash looks its user up
+     otherwise).  Locally the other indirections the host's programs follow through ``/etc``
+     -- ``alternatives`` (``awk``, ``editor`` ... are links through it), PAM's configuration,
+     the loader's -- are the pristine copy's (:data:`tr.envs.local.PRISTINE_ETC`);
+   * git: ``GIT_CONFIG_COUNT`` settings, which win over every configuration file, turn off
+     ``core.fsmonitor`` and repository hooks (``core.hooksPath=/dev/null``) for any git a test
+     runs, and ``GIT_CONFIG_NOSYSTEM``;
+   * pytest imports the tests in ``importlib`` mode: no folder is put on ``sys.path`` for them
+     (prepend mode put a package's root -- ``/`` for ``/tests/__init__.py`` -- first, where the
+     agent may write ``statistics.py``); ``/tests`` and a harness-owned parent of it
+     (``pkgroot/tests``) are on ``PYTHONPATH`` instead;
+   * the harness's plugin ``tr_collected`` records what pytest collected (``collected.json``
+     and a digest line on the verifier's output), and :mod:`tr.envs.verifier` accepts a report
+     only as the runner's own word: exit status 0 or 1, consistent with the report, every
+     collected test in it and nothing else (a TB1 script's served pytest writes its exit status
+     on a descriptor its tests do not inherit: :data:`tr.envs.tasks.testscript.SERVED_FUNCTION`);
    * ``$TR_PYTHON`` is the project's interpreter with pytest, read-only at ``/opt/tr/python``
      with the project's site-packages; locally the loader configuration (``ld.so.*``) comes from
      the pristine ``/etc`` copy and ``/etc/ld.so.preload`` is deleted.  On Docker the verifier's
@@ -60,8 +79,11 @@ the agent's container, not the sibling: those tests see the files as they were a
 
 What this does not stop: code of the agent that the tests themselves import or run (its scripts,
 and on Docker any system program it replaced that a test calls) runs next to pytest with the
-verifier's rights and can do anything that process can, including rewriting the results file --
-the exposure Terminal-Bench's own harness has.  Task verifiers that are shell scripts
+verifier's rights and can do anything that process can -- the exposure Terminal-Bench's own
+harness has.  Rewriting the results file and killing the runner no longer passes (the verdict
+needs the runner's exit status and collected cases), but code *inside* the pytest process (a
+module the tests import from the agent's folders) can still end it with status 0 after writing
+a consistent report, and on Docker a test's ``python3``/``git``/``awk`` are the agent's programs.  Task verifiers that are shell scripts
 (``reward_file`` kind: ``bash /tests/run-tests.sh``) run the sandbox's own ``bash`` and tools by
 design.
 """
