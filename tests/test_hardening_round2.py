@@ -416,14 +416,17 @@ def test_docker_snapshots_strip_setuid_bits_of_the_writable_layer(docker_problem
 # ----------------------------------------------------------------------------- recovery children
 
 HOOKS = {
-    "nss": NSS_ATTACK.format(payload=c_payload("child-hook-ran")),
-    "prepend": "cat > /tmp/forge.py <<'EOF'\n" + PY_FORGE.replace("py-ran", "child-hook-ran")
+    "nss": NSS_ATTACK.format(payload=c_payload("hook-nss")),
+    "prepend": "cat > /tmp/forge.py <<'EOF'\n" + PY_FORGE.replace("py-ran", "hook-prepend")
                + "EOF\ncp /tmp/forge.py /statistics.py 2>/dev/null; true",
-    "git": KILLER.format(marker="child-hook-ran").replace("/app/check.sh", "/tmp/hook")
+    "git": KILLER.format(marker="hook-git").replace("/app/check.sh", "/tmp/hook")
            + "cd /app/repo && git config core.fsmonitor /tmp/hook\n",
-    "alternatives": KILLER.format(marker="child-hook-ran").replace("/app/check.sh", "/tmp/awk")
+    "alternatives": KILLER.format(marker="hook-alternatives").replace("/app/check.sh", "/tmp/awk")
                     + "ln -sfn /tmp/awk /etc/alternatives/awk 2>/dev/null; true\n",
 }
+# On Docker a test's programs are the container's, the agent's to replace (`awk` through
+# /etc/alternatives as well as /usr/bin/awk itself): that hook may run -- it cannot pass.
+MAY_RUN = {"local": set(), "docker": {"alternatives"}}
 CHILD_TEST = """\
 import statistics, pwd
 statistics.mean([1.0])
@@ -444,10 +447,13 @@ def test_an_idle_recovery_child_of_a_hooked_parent_fails(tmp_path, backend):
         snap = parent.snapshot()
         with parent.fork(snap) as child:
             result = verify(task, child)
-            try:
-                child.read_file("/app/child-hook-ran")
-                ran = True
-            except (SandboxError, OSError):
-                ran = False
+            ran = set()
+            for hook in HOOKS:
+                try:
+                    child.read_file(f"/app/hook-{hook}")
+                    ran.add(hook)
+                except (SandboxError, OSError):
+                    pass
     assert not result.strict_pass, f"an idle child passed on {backend}:\n{result.log}"
-    assert not ran, f"a hook planted in the parent ran in the child's verifier on {backend}"
+    assert ran <= MAY_RUN[backend], f"hooks planted in the parent ran in the child's verifier " \
+        f"on {backend}: {sorted(ran)}"
