@@ -349,6 +349,10 @@ def test_the_verdict_needs_the_runners_own_word():
     assert vr.runner_word_problem(one, exit_code=0, collected=ids[:1]) is None
     for code in (-9, 2, 3, 4, 5, 137, 139):
         assert "not 0 or 1" in vr.runner_word_problem(one, exit_code=code, collected=None)
+    broken = two + [vr.JUnitCase("test_b", "", "collection", "error", "collection failure",
+                                 collection_error=True)]
+    assert vr.runner_word_problem(broken, exit_code=2, collected=ids) is None
+    assert "not 0 or 1" in vr.runner_word_problem(two, exit_code=2, collected=ids)
     assert "exited 0" in vr.runner_word_problem(two, exit_code=0, collected=None)
     assert "exited 1" in vr.runner_word_problem(one, exit_code=1, collected=None)
     assert "missing" in vr.runner_word_problem(one, exit_code=0, collected=ids)
@@ -457,3 +461,15 @@ def test_an_idle_recovery_child_of_a_hooked_parent_fails(tmp_path, backend):
     assert not result.strict_pass, f"an idle child passed on {backend}:\n{result.log}"
     assert ran <= MAY_RUN[backend], f"hooks planted in the parent ran in the child's verifier " \
         f"on {backend}: {sorted(ran)}"
+
+
+def test_a_tb1_collection_error_is_a_failed_check_not_a_crash(tmp_path):
+    """Honest side of the exit-status rule: a TB1 script's pytest stops with status 2 after a
+    collection error (no --continue-on-collection-errors); that is its word, a failure."""
+    d = write_tb1(tmp_path, "collect-error", "pytest $TEST_DIR/test_outputs.py -rA")
+    (d / "tests" / "test_outputs.py").write_text("import agent_module_never_written\n\n\n"
+                                                  "def test_answer():\n    pass\n")
+    task = load_task(d)
+    result, _, _ = attack("local", task, "true")
+    assert result.error is None and not result.strict_pass, (result.error, result.error_detail)
+    assert [c.outcome for c in result.checks] == ["error"], result.checks

@@ -224,6 +224,7 @@ COLLECTED_FILENAME = "collected.json"     # node ids the harness's pytest plugin
 COLLECTED_MARK = "[tr-collected]"          # "<mark> <count> <sha256 of the json>" on the output
 EXIT_MARK = "[tr-pytest-exit]"             # "<mark> <status>" after each served pytest run
 RUNNER_EXITS = (0, 1)                      # pytest's and checkrun's own verdicts
+PYTEST_INTERRUPTED = 2                     # also its word when the report has a collection error
 
 
 def collected_key(node_id: str) -> tuple[str, str, str]:
@@ -241,12 +242,15 @@ def runner_word_problem(cases: list[JUnitCase], *, exit_code: int | None,
     harness's runner's exit status (None: not known, not checked); ``collected``: the node ids
     its plugin collected (None: not checked).
 
-    * a status other than 0 or 1 is a crash or a kill (pytest's 2-5 included);
+    * a status other than 0 or 1 is a crash or a kill (pytest's 2-5 included; 2 with a
+      collection error in the report is pytest stopping there, as good as 1);
     * 0 holds only if no case failed or errored, 1 only if one did;
     * every collected test is in the report and every case of the report was collected (a case
       missing, or from a file outside the tests, is not the runner's).
     """
     bad = [c for c in cases if c.outcome in ("failed", "error")]
+    if exit_code == PYTEST_INTERRUPTED and any(c.collection_error for c in cases):
+        exit_code = 1       # pytest stops after a collection error unless told to go on
     if exit_code is not None:
         if exit_code not in RUNNER_EXITS:
             return (f"the test runner ended with exit status {exit_code}, not 0 or 1 (a crash "
