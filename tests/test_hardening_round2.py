@@ -473,3 +473,38 @@ def test_a_tb1_collection_error_is_a_failed_check_not_a_crash(tmp_path):
     result, _, _ = attack("local", task, "true")
     assert result.error is None and not result.strict_pass, (result.error, result.error_detail)
     assert [c.outcome for c in result.checks] == ["error"], result.checks
+
+
+class Says:
+    """The agent of an episode: fixed commands in order, then DONE."""
+
+    def __init__(self, commands):
+        self.commands = list(commands)
+
+    def __call__(self, request):
+        from tr.agent.harness import format_action
+        from tr.agent.transcript import Generation
+        command = self.commands.pop(0) if self.commands else None
+        return Generation(text=format_action("next", command))
+
+
+def test_a_reterm_recovery_episode_that_does_nothing_earns_no_pass(tmp_path, backend):
+    """The real ReTerm path: an actor episode plants every hook and fails (its snapshot taken
+    before the verifier), then a recovery episode from that snapshot says DONE at once."""
+    from tr.agent.harness import EpisodeSpec, run_episode
+    from tr.agent.rollout import TaskEnv, discard_snapshot_ref
+    from tr.agent.transcript import ChatLayout
+    from tr.models.tokenizer import ByteTokenizer
+    task = make_task(tmp_path, "reterm", CHILD_TEST, package=True)
+    env = TaskEnv(backend, SandboxConfig(**SMALL))
+    layout = ChatLayout(ByteTokenizer())
+    actor = run_episode(EpisodeSpec(task=task, episode_id="actor"),
+                        Says(["\n".join(HOOKS.values())]), env, layout,
+                        snapshot_before_verify=True, policy_name="says")
+    try:
+        assert actor.status.counts and not actor.passed and actor.snapshot_ref, actor.error
+        child = run_episode(EpisodeSpec(task=task, episode_id="child", parent=actor),
+                            Says([]), env, layout, policy_name="idle")
+    finally:
+        discard_snapshot_ref(actor.snapshot_ref)
+    assert child.kind == "recovery" and not child.passed, (child.status, child.error)
