@@ -392,6 +392,26 @@ def test_records_survive_output_cut_and_spam():
     assert len(spam.marks) == 1001 and spam.marks[-1] == "[tr-marks-overflow]"
 
 
+def test_marks_match_a_plain_line_split_however_the_stream_is_chunked():
+    import random
+    from tr.envs.sandbox import MARK_PREFIX, MAX_MARK_BYTES
+
+    def reference(text: bytes) -> list[str]:
+        return [ln.decode("utf-8", "replace").rstrip("\r") for ln in text.split(b"\n")[:-1]
+                if ln.startswith(MARK_PREFIX) and len(ln) <= MAX_MARK_BYTES]
+
+    rng = random.Random(45)
+    words = [b"[tr-x] 1", b"[tr-", b"-x", b"\n", b"ab", b"[t", b"r-y 2", b"[tr-" + b"z" * 600,
+             b"\n[tr-q]\n", b"x[tr-no]", b"\r\n"]
+    for _ in range(2000):
+        text = b"".join(rng.choice(words) for _ in range(rng.randint(0, 30)))
+        cuts = sorted(rng.sample(range(len(text) + 1), min(len(text) + 1, rng.randint(0, 6))))
+        out = CappedOutput(64)
+        for a, b in zip([0] + cuts, cuts + [len(text)]):
+            out.add(text[a:b])
+        assert out.marks == reference(text), text
+
+
 # ----------------------------------------------------------------------------- Docker snapshots
 
 def test_docker_snapshots_refuse_sparse_files_beyond_the_disk_budget(docker_problem):

@@ -311,26 +311,46 @@ class CappedOutput:
         self.tail = bytearray()
         self.total = 0
         self.marks: list[str] = []
-        self._line = bytearray()       # the start of the current line (what a mark needs)
-        self._line_len = 0
+        self._line = bytearray()       # the start of the current line, if it may be a mark
+        self._line_len = 0             # -1: inside a line that is no mark
 
     def _scan(self, data: bytes) -> None:
-        start = 0
-        while start <= len(data):
-            end = data.find(b"\n", start)
-            piece = data[start:] if end < 0 else data[start:end]
-            if self._line_len < MAX_MARK_BYTES + 1:
-                self._line += piece[:MAX_MARK_BYTES + 1 - self._line_len]
-            self._line_len += len(piece)
-            if end < 0:
+        """Collect mark lines; only candidate line starts are visited (``find``), so a long
+        output of ordinary lines costs one C-level search per chunk."""
+        buf = bytes(self._line) + data if self._line_len >= 0 else data
+        pos = 0 if self._line_len >= 0 else buf.find(b"\n") + 1 if b"\n" in buf else len(buf) + 1
+        if pos > len(buf):                     # still inside an ordinary line
+            return
+        while True:
+            # ``pos`` is a line start: is the line a mark (or could it still become one)?
+            end = buf.find(b"\n", pos)
+            head = buf[pos:pos + len(MARK_PREFIX)]
+            if end < 0:                        # the line goes on in the next chunk
+                rest = buf[pos:pos + MAX_MARK_BYTES + 1]
+                if MARK_PREFIX.startswith(head) or head == MARK_PREFIX:
+                    self._line, self._line_len = bytearray(rest), len(rest)
+                else:
+                    self._line, self._line_len = bytearray(), -1
                 return
-            line, self._line, self._line_len = bytes(self._line), bytearray(), 0
-            if line.startswith(MARK_PREFIX) and len(line) <= MAX_MARK_BYTES:
+            if head == MARK_PREFIX and end - pos <= MAX_MARK_BYTES:
                 if len(self.marks) < MAX_MARKS:
-                    self.marks.append(line.decode("utf-8", errors="replace").rstrip("\r"))
+                    self.marks.append(buf[pos:end].decode("utf-8", errors="replace").rstrip("\r"))
                 elif self.marks[-1] != MARKS_OVERFLOW:
                     self.marks.append(MARKS_OVERFLOW)
-            start = end + 1
+            nxt = buf.find(b"\n" + MARK_PREFIX[:1], end)
+            if nxt < 0:                        # no later line starts like a mark in this chunk
+                last = buf.rfind(b"\n")
+                pos = last + 1
+                if pos >= len(buf):
+                    self._line, self._line_len = bytearray(), 0
+                    return
+                head = buf[pos:pos + len(MARK_PREFIX)]
+                if MARK_PREFIX.startswith(head):
+                    self._line, self._line_len = bytearray(buf[pos:pos + MAX_MARK_BYTES + 1]), 1
+                else:
+                    self._line, self._line_len = bytearray(), -1
+                return
+            pos = nxt + 1
 
     def add(self, data: bytes) -> None:
         self._scan(bytes(data))
