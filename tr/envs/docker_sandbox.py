@@ -41,10 +41,13 @@
   (two test runs, a training job and a test run) are never touched.
 
 What stays open: the agent is root in its container, so programs and libraries *the tests call*
-(``python3``, ``git``, a replaced ``libc`` of the container) are the agent's to change, as in
-Terminal-Bench's own harness; the protected verifier's own shell, interpreter, loader and
-libraries are not (:mod:`tr.envs.protected`).  Script verifiers (``bash /tests/run-tests.sh``)
-run the container's tools by design.
+(``python3``, ``git``, ``awk`` and the ``/etc/alternatives`` links to it, a replaced ``libc`` of
+the container) are the agent's to change, as in Terminal-Bench's own harness; the protected
+verifier's own shell, interpreter, loader, libraries and name service configuration are not
+(:mod:`tr.envs.protected`; the container's ``/etc/nsswitch.conf`` is replaced by the harness's
+before the tests).  Such a program can write a report, but not the runner's exit status nor what
+it collected, so killing the runner fails (:func:`tr.envs.verifier.runner_word_problem`).
+Script verifiers (``bash /tests/run-tests.sh``) run the container's tools by design.
 """
 
 from __future__ import annotations
