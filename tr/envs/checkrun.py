@@ -18,8 +18,10 @@ alike.  Exit status: 0 all passed, 1 some failed, 5 nothing collected (pytest's 
 Stdlib only, self-contained: it must run in a bare interpreter.
 """
 
+import hashlib
 import importlib.util
 import inspect
+import json
 import os
 import sys
 import time
@@ -72,6 +74,21 @@ def run_one(target):
     return "passed", ""
 
 
+def _report_collected(loaded):
+    """What was collected, as the harness's pytest plugin reports it (tr.envs.protected): node
+    ids relative to $TEST_DIR in $TR_COLLECTED, their count and digest on stdout."""
+    root = os.environ.get("TEST_DIR", "/tests")
+    ids = sorted("::".join([os.path.relpath(path, root), *([klass] if klass else []), name])
+                 for path, _, tests in loaded for klass, name, _ in tests)
+    text = json.dumps(ids)
+    target = os.environ.get("TR_COLLECTED")
+    if target:
+        os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+        with open(target, "w") as f:
+            f.write(text)
+    print(f"\n[tr-collected] {len(ids)} {hashlib.sha256(text.encode()).hexdigest()}", flush=True)
+
+
 def main(argv):
     junit, files = None, []
     for arg in argv:
@@ -84,6 +101,7 @@ def main(argv):
         return 4
     suite = ET.Element("testsuite", name="checkrun")
     counts = {"passed": 0, "failed": 0, "error": 0}
+    loaded = []                       # (path, stem, tests) -- every file collected first
     for path in files:
         try:
             stem, module = _load(path)
@@ -97,7 +115,10 @@ def main(argv):
             counts["error"] += 1
             print(f"ERROR {path} (collection failure): {exc!r}")
             continue
-        for klass, name, target in collect(module):
+        loaded.append((path, stem, collect(module)))
+    _report_collected(loaded)
+    for path, stem, tests in loaded:
+        for klass, name, target in tests:
             start = time.perf_counter()
             outcome, message = run_one(target)
             counts[outcome] += 1

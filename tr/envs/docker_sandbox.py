@@ -24,7 +24,9 @@
   read-only at ``/opt/tr/host`` (the command's own programs are then the container's, as they
   must be).
 * ``snapshot`` = ``docker commit`` (root filesystem; the container is paused meanwhile) + a copy of
-  the areas.  Process memory and running processes are NOT preserved -- as in Recovery-Bench's
+  the areas.  Before the commit the writable layer is bounded as the areas are: its apparent size
+  (sparse files are committed in full) beyond ``disk_mb`` refuses the snapshot, and its setuid /
+  setgid bits and file capabilities are stripped.  Process memory and running processes are NOT preserved -- as in Recovery-Bench's
   pre-verifier commit, a restored or forked sandbox starts with a new shell.  ``restore`` replaces
   the container with one from the snapshot image; ``fork`` starts a new one.  Every container and
   snapshot image is labelled ``tr.managed`` and removed on close (persistent snapshots: by
@@ -39,10 +41,13 @@
   (two test runs, a training job and a test run) are never touched.
 
 What stays open: the agent is root in its container, so programs and libraries *the tests call*
-(``python3``, ``git``, a replaced ``libc`` of the container) are the agent's to change, as in
-Terminal-Bench's own harness; the protected verifier's own shell, interpreter, loader and
-libraries are not (:mod:`tr.envs.protected`).  Script verifiers (``bash /tests/run-tests.sh``)
-run the container's tools by design.
+(``python3``, ``git``, ``awk`` and the ``/etc/alternatives`` links to it, a replaced ``libc`` of
+the container) are the agent's to change, as in Terminal-Bench's own harness; the protected
+verifier's own shell, interpreter, loader, libraries and name service configuration are not
+(:mod:`tr.envs.protected`; the container's ``/etc/nsswitch.conf`` is replaced by the harness's
+before the tests).  Such a program can write a report, but not the runner's exit status nor what
+it collected, so killing the runner fails (:func:`tr.envs.verifier.runner_word_problem`).
+Script verifiers (``bash /tests/run-tests.sh``) run the container's tools by design.
 """
 
 from __future__ import annotations
@@ -447,7 +452,7 @@ class DockerSandbox(ShellSandbox):
                     .encode())
         return CommandResult(output=out.text(), exit_code=code, timed_out=timed_out,
                              truncated=out.truncated, duration_s=time.monotonic() - t0,
-                             output_bytes=out.total)
+                             output_bytes=out.total, marks=tuple(out.marks))
 
     # --- the container's root filesystem, from the host -------------------------------------
     def _root_fd(self) -> int:
@@ -615,6 +620,7 @@ class DockerSandbox(ShellSandbox):
         dest = (self.state_dir / "snapshots" / sid) if persist else (self.ws.root / "snaps" / sid)
         self._pause()
         try:
+            self._bound_writable_layer()
             img = self.container.commit(
                 repository=SNAP_REPO, tag=sid, pause=False,
                 conf={"Labels": {**_owner_labels("snapshot"),
@@ -626,6 +632,76 @@ class DockerSandbox(ShellSandbox):
             self.container.unpause()
         return Snapshot(id=sid, backend=self.backend, location=str(dest), image=img.id,
                         persistent=persist, endpoint=self.config.docker_endpoint or "")
+
+    SNAPSHOT_MAX_ENTRIES = 500_000
+
+    def _bound_writable_layer(self) -> None:
+        """Before ``docker commit`` (container paused): the writable layer's *apparent* size --
+        what commit writes, a sparse file in full -- must fit the sandbox's disk budget
+        (``disk_mb``), else SandboxError; setuid/setgid bits and file capabilities of its files
+        are stripped (through the container's root, links never followed), so no snapshot keeps
+        them.  The layer is read from the engine's upper folder on this host; an engine whose
+        storage is not reachable here is not bounded (its own limits apply)."""
+        info = self.client.api.inspect_container(self.container.id)
+        upper = ((info.get("GraphDriver") or {}).get("Data") or {}).get("UpperDir")
+        if not upper or not os.path.isdir(upper):
+            return
+        budget = self.config.disk_mb * 1024 * 1024
+        total, entries, privileged = 0, 0, []
+        stack = [("", upper)]
+        while stack:
+            rel, folder = stack.pop()
+            try:
+                it = os.scandir(folder)
+            except OSError:
+                continue
+            with it:
+                for e in it:
+                    entries += 1
+                    if entries > self.SNAPSHOT_MAX_ENTRIES:
+                        raise SandboxError(f"snapshot: the container's writable layer has more "
+                                           f"than {self.SNAPSHOT_MAX_ENTRIES} entries outside "
+                                           "the sandbox's areas; not committed")
+                    path = f"{rel}/{e.name}"
+                    st = e.stat(follow_symlinks=False)
+                    if stat.S_ISDIR(st.st_mode):
+                        stack.append((path, e.path))
+                    elif stat.S_ISREG(st.st_mode):
+                        total += st.st_size
+                        if st.st_mode & (stat.S_ISUID | stat.S_ISGID) or _has_caps(e.path):
+                            privileged.append(path)
+        if total > budget:
+            raise SandboxError(f"snapshot: the container's writable layer (outside the areas) "
+                               f"has an apparent size of {total / 2**20:.0f} MB, beyond the "
+                               f"sandbox's disk budget of {self.config.disk_mb} MB (docker "
+                               "commit writes sparse files in full); not committed")
+        for path in privileged:
+            self._strip_privilege(path)
+
+    def _strip_privilege(self, sandbox_path: str) -> None:
+        """Clear setuid/setgid and ``security.capability`` of a regular file of the container's
+        root, reached from the host with no link followed."""
+        try:
+            fd, name = self._open_parent(sandbox_path, create=False)
+        except SandboxError:
+            return
+        try:
+            f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                        dir_fd=fd)
+        except OSError:
+            return
+        finally:
+            os.close(fd)
+        try:
+            st = os.fstat(f)
+            if stat.S_ISREG(st.st_mode):
+                os.fchmod(f, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+                try:
+                    os.removexattr(f, "security.capability")
+                except OSError:
+                    pass
+        finally:
+            os.close(f)
 
     PAUSE_TRIES = 6
 
@@ -689,8 +765,12 @@ class DockerSandbox(ShellSandbox):
         libraries (the agent's to replace) load into the verifier; ``/etc/ld.so.preload``, which
         every loader reads, is deleted.  The mounts are checked to be still in place."""
         self._require()
-        from tr.envs.protected import FILES_MOUNT, PYTHON_MOUNT
+        from tr.envs.protected import FILES, FILES_MOUNT, PYTHON_MOUNT
         self.remove_path("/etc/ld.so.preload")
+        # the host's libc in the verifier reads the container's /etc/nsswitch.conf: the
+        # harness's (files only) replaces the agent's, after the pre-verifier snapshot
+        self.remove_path("/etc/nsswitch.conf")
+        self.write_file("/etc/nsswitch.conf", FILES["nsswitch.conf"], mode=0o644)
         mounts = Path(f"/proc/{self._pid1}/mountinfo").read_text().split("\n")
         points = {m.split()[4] for m in mounts if len(m.split()) > 4}
         for root in (PYTHON_MOUNT, FILES_MOUNT, *(dst for _, dst in self.runtime.binds)):
@@ -843,6 +923,14 @@ def _elf_interpreter(executable: str) -> str:
                 f.seek(p_offset)
                 return f.read(p_filesz).rstrip(b"\0").decode()
     raise SandboxError(f"{executable} names no program interpreter (statically linked?)")
+
+
+def _has_caps(path: str) -> bool:
+    try:
+        os.getxattr(path, "security.capability", follow_symlinks=False)
+        return True
+    except OSError:
+        return False
 
 
 def _is_zombie(pid: int) -> bool:

@@ -59,6 +59,11 @@ ETC_EXCLUDE = ("shadow", "shadow-", "gshadow", "gshadow-", "ssh", "ssl/private",
                "containerd", "sudoers", "sudoers.d", "security/opasswd", "machine-id",
                "ld.so.preload")
 
+# /etc entries whose content makes the host's programs load or run other files: in the verifier's
+# tree they are the pristine copy's, whatever the agent made of them (tr.envs.protected)
+PRISTINE_ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "pam.d", "pam.conf",
+                "security", "gconv")
+
 _etc_lock = threading.Lock()
 _reaped = False
 
@@ -384,7 +389,7 @@ class LocalSandbox(ShellSandbox):
                     .encode())
         return CommandResult(output=out.text(), exit_code=code, timed_out=timed_out,
                              truncated=out.truncated, duration_s=time.monotonic() - t0,
-                             output_bytes=out.total)
+                             output_bytes=out.total, marks=tuple(out.marks))
 
     # --- files -----------------------------------------------------------------------------
     def write_file(self, sandbox_path, data: bytes | str, mode: int = 0o644) -> None:
@@ -447,14 +452,21 @@ class LocalSandbox(ShellSandbox):
 
     def verifier_python(self) -> tuple[str, list]:
         """The project interpreter at /opt/tr/python with the project's site-packages, the
-        harness-owned files at /opt/tr/verifier and the loader config (ld.so.*) from the pristine
-        /etc copy (``/etc/ld.so.preload`` deleted); read-only, in the verifier's tree only."""
-        from tr.envs.protected import python_mounts
+        harness-owned files at /opt/tr/verifier, and over the agent's ``/etc``: the indirections
+        the verifier's (host) programs follow from the pristine ``/etc`` copy
+        (:data:`PRISTINE_ETC`: the loader's configuration, ``/etc/alternatives`` -- ``awk``,
+        ``python`` ... are links through it --, PAM's) and the harness's files-only
+        ``nsswitch.conf`` (``/etc/ld.so.preload`` deleted); read-only, in the verifier's tree
+        only.  The rest of ``/etc`` (``passwd``, ``hosts``, ...) is the agent's, read as data."""
+        from tr.envs.protected import python_mounts, verifier_files
         exe, binds = python_mounts(self.state_dir)
         self.remove_path("/etc/ld.so.preload")
         tmpl = self.etc_template
-        binds += [(str(tmpl / n), f"/etc/{n}") for n in ("ld.so.cache", "ld.so.conf",
-                                                           "ld.so.conf.d") if (tmpl / n).exists()]
+        pristine = [n for n in PRISTINE_ETC if (tmpl / n).exists() or (tmpl / n).is_symlink()]
+        for name in [*pristine, "nsswitch.conf"]:    # a link of the agent's is not a mount point
+            self.remove_path(f"/etc/{name}")
+        binds += [(str(tmpl / n), f"/etc/{n}") for n in pristine]
+        binds.append((str(verifier_files(self.state_dir) / "nsswitch.conf"), "/etc/nsswitch.conf"))
         return exe, binds
 
     def network_sibling(self) -> "LocalSandbox":

@@ -30,6 +30,25 @@ Order (the caller takes the pre-verifier snapshot first, e.g. ``Sandbox.snapshot
    * ``OPENSSL_CONF`` (an ``/etc/ssl/openssl.cnf`` can load any shared library into every process
      using OpenSSL, pytest's ``hashlib`` included), ``GIT_CONFIG_SYSTEM`` and ``HOME`` (a fresh
      empty folder) are the harness's;
+   * names: the verifier's tree reads the harness's ``nsswitch.conf`` (``files``/``dns`` only:
+     glibc loads ``libnss_<service>.so.2`` for every service the file names, and a name may
+     hold a ``/``), so users, groups and hosts come from ``/etc``'s files as data and no library
+     of the agent's loads; ``SHELL``, ``HOME``, ``USER`` are set (bash looks its user up
+     otherwise).  Locally the other indirections the host's programs follow through ``/etc``
+     -- ``alternatives`` (``awk``, ``editor`` ... are links through it), PAM's configuration,
+     the loader's -- are the pristine copy's (:data:`tr.envs.local.PRISTINE_ETC`);
+   * git: ``GIT_CONFIG_COUNT`` settings, which win over every configuration file, turn off
+     ``core.fsmonitor`` and repository hooks (``core.hooksPath=/dev/null``) for any git a test
+     runs, and ``GIT_CONFIG_NOSYSTEM``;
+   * pytest imports the tests in ``importlib`` mode: no folder is put on ``sys.path`` for them
+     (prepend mode put a package's root -- ``/`` for ``/tests/__init__.py`` -- first, where the
+     agent may write ``statistics.py``); ``/tests`` and a harness-owned parent of it
+     (``pkgroot/tests``) are on ``PYTHONPATH`` instead;
+   * the harness's plugin ``tr_collected`` records what pytest collected (``collected.json``
+     and a digest line on the verifier's output), and :mod:`tr.envs.verifier` accepts a report
+     only as the runner's own word: exit status 0 or 1, consistent with the report, every
+     collected test in it and nothing else (a TB1 script's served pytest writes its exit status
+     on a descriptor its tests do not inherit: :data:`tr.envs.tasks.testscript.SERVED_FUNCTION`);
    * ``$TR_PYTHON`` is the project's interpreter with pytest, read-only at ``/opt/tr/python``
      with the project's site-packages; locally the loader configuration (``ld.so.*``) comes from
      the pristine ``/etc`` copy and ``/etc/ld.so.preload`` is deleted.  On Docker the verifier's
@@ -60,8 +79,11 @@ the agent's container, not the sibling: those tests see the files as they were a
 
 What this does not stop: code of the agent that the tests themselves import or run (its scripts,
 and on Docker any system program it replaced that a test calls) runs next to pytest with the
-verifier's rights and can do anything that process can, including rewriting the results file --
-the exposure Terminal-Bench's own harness has.  Task verifiers that are shell scripts
+verifier's rights and can do anything that process can -- the exposure Terminal-Bench's own
+harness has.  Rewriting the results file and killing the runner no longer passes (the verdict
+needs the runner's exit status and collected cases), but code *inside* the pytest process (a
+module the tests import from the agent's folders) can still end it with status 0 after writing
+a consistent report, and on Docker a test's ``python3``/``git``/``awk`` are the agent's programs.  Task verifiers that are shell scripts
 (``reward_file`` kind: ``bash /tests/run-tests.sh``) run the sandbox's own ``bash`` and tools by
 design.
 """
@@ -82,8 +104,56 @@ VERIFIER_HOME = "/tmp/.tr-verifier-home"
 VERIFIER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/tr/verifier/bin"
 TESTS_MOUNT = "/tests"
 RESULTS_DIR = "/logs/verifier"
+COLLECTED_FILENAME = "collected.json"   # the node ids the harness's pytest collected
 CHECKRUN = f"{FILES_MOUNT}/checkrun.py"   # the stdlib check runner (tr/envs/checkrun.py)
-LINKS = {"bin/python": "/usr/bin/python3"}   # harness-owned links in FILES_MOUNT
+LINKS = {"bin/python": "/usr/bin/python3",     # harness-owned links in FILES_MOUNT
+         # `import tests.x` in a package of tests: /tests through a harness-owned parent
+         # (pytest imports in importlib mode, so no agent-writable folder is on sys.path)
+         "pkgroot/tests": TESTS_MOUNT}
+NSS_DATABASES = ("passwd", "group", "shadow", "gshadow", "hosts", "networks", "protocols",
+                 "services", "ethers", "rpc", "netgroup", "aliases", "initgroups")
+# What the verifier's git never runs from a repository's or the sandbox's configuration: command
+# line settings (GIT_CONFIG_COUNT) win over every configuration file.
+GIT_OVERRIDES = (("core.fsmonitor", "false"), ("core.hooksPath", "/dev/null"),
+                 ("core.pager", "cat"))
+COLLECTED_MARK = "[tr-collected]"
+# The harness's pytest plugin: at the end of collection it writes the node ids it collected
+# (rootdir-relative) to $TR_COLLECTED (a results file) and prints their count and digest on the
+# verifier's own output, so the harness can tell a report that lost or gained cases
+# (tr.envs.verifier.check_runner_word).
+COLLECTED_PLUGIN = f"""# tr's protected verifier: which tests pytest collected (tr.envs.protected).
+import hashlib
+import json
+import os
+
+_line = None
+
+
+def pytest_collection_finish(session):
+    global _line
+    ids = sorted(item.nodeid for item in session.items)
+    text = json.dumps(ids)
+    path = os.environ.get("TR_COLLECTED")
+    if path:
+        with open(path, "w") as f:
+            f.write(text)
+    _line = "{COLLECTED_MARK} %d %s" % (len(ids), hashlib.sha256(text.encode()).hexdigest())
+    _say(session.config)
+
+
+def pytest_unconfigure(config):
+    _say(config)
+
+
+def _say(config):
+    if _line is None:
+        return
+    reporter = config.pluginmanager.getplugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(_line)
+    else:
+        os.write(1, (_line + "\\n").encode())
+"""
 # TB1's harness installs a project folder's own package into its test env (`uv init; uv add`
 # in the workdir).  When the verifier's script says so (TR_PROJECT_DIR, set by
 # tr.envs.tasks.testscript), a top-level module found nowhere else is looked up there -- but only
@@ -168,6 +238,14 @@ FILES = {
                           "protected verifier: a test that imports it or runs `sys.executable -m "
                           "pip` would judge the harness's Python, not the sandbox's\")\n",
     "ca-certificates.crt": _host_ca_bundle(),
+    # glibc loads ``libnss_<service>.so.2`` for every service /etc/nsswitch.conf names (a name
+    # may hold a ``/``: any library of the agent's, relative to the cwd); the verifier's tree
+    # reads this one instead, built-in services only (``files``, ``dns``: in libc since 2.34)
+    "nsswitch.conf": "# The protected verifier's name service switch: users, groups and hosts come\n"
+                     "# from the files of /etc (data), no module is loaded.\n"
+                     + "".join(f"{db}: {'files dns' if db == 'hosts' else 'files'}\n"
+                               for db in NSS_DATABASES),
+    "site/tr_collected.py": COLLECTED_PLUGIN,
 }
 # Part of the folder name, so a changed file is never served from an older copy.
 FILES_VERSION = hashlib.sha256(repr((sorted(FILES.items()), sorted(LINKS.items()))).encode()
@@ -216,13 +294,31 @@ def verifier_env(python: str, tests_mount: str) -> dict:
         "TR_PYTHON": python,
         "PYTHONNOUSERSITE": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONPATH": f"{FILES_MOUNT}/site",
         "OPENSSL_CONF": f"{FILES_MOUNT}/openssl.cnf",
         "GIT_CONFIG_SYSTEM": f"{FILES_MOUNT}/gitconfig",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        **git_overrides(),
+        "SHELL": "/bin/bash",    # bash looks its user up when SHELL is unset
+        "TR_COLLECTED": f"{RESULTS_DIR}/{COLLECTED_FILENAME}",
         "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        # importlib mode: pytest puts no folder on sys.path for the tests (prepend mode would put
+        # the tests' package root, `/` for a /tests/__init__.py, first); the tests' own folder
+        # and a harness-owned parent of it are on PYTHONPATH instead, so `import helpers`,
+        # `import tests.helpers` and relative imports keep working
+        "PYTHONPATH": (f"{FILES_MOUNT}/site:{tests_mount}"
+                       + (f":{FILES_MOUNT}/pkgroot" if tests_mount == TESTS_MOUNT else "")),
         "PYTEST_ADDOPTS": (f"-c {FILES_MOUNT}/pytest.ini --rootdir={tests_mount} "
-                           f"--confcutdir={tests_mount} -p no:cacheprovider"),
+                           f"--confcutdir={tests_mount} -p no:cacheprovider "
+                           f"--import-mode=importlib -p tr_collected"),
     }
+
+
+def git_overrides() -> dict:
+    """``GIT_CONFIG_COUNT``/``KEY_n``/``VALUE_n`` for :data:`GIT_OVERRIDES`."""
+    env = {"GIT_CONFIG_COUNT": str(len(GIT_OVERRIDES))}
+    for i, (key, value) in enumerate(GIT_OVERRIDES):
+        env[f"GIT_CONFIG_KEY_{i}"], env[f"GIT_CONFIG_VALUE_{i}"] = key, value
+    return env
 
 
 def run_verifier(sandbox, tests_dir, command: str, *, timeout_s: float, output_dir,

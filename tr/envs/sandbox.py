@@ -37,6 +37,10 @@ class CommandResult:
     duration_s: float
     output_bytes: int = 0          # total bytes the command wrote (before the cap)
     shell_restarted: bool = False  # the persistent shell had to be replaced (state lost)
+    # every line of the whole output that starts with MARK_PREFIX (the protected verifier's
+    # records, kept even where the output was cut; "[tr-marks-overflow]" last if there were
+    # more than MAX_MARKS)
+    marks: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -288,8 +292,16 @@ class ShellSandbox:
 # ----------------------------------------------------------------------------------------------
 # Output capping, shared by both backends.
 
+MARK_PREFIX = b"[tr-"      # lines the protected verifier's runners print for the harness
+MAX_MARKS = 1000
+MAX_MARK_BYTES = 512
+MARKS_OVERFLOW = "[tr-marks-overflow]"
+
+
 class CappedOutput:
-    """Keeps the first ``cap//2`` and last ``cap - cap//2`` bytes of a stream; memory <= cap."""
+    """Keeps the first ``cap//2`` and last ``cap - cap//2`` bytes of a stream; memory <= cap.
+    Lines starting with :data:`MARK_PREFIX` are kept besides, whole stream long (``marks``; at
+    most :data:`MAX_MARKS` of at most :data:`MAX_MARK_BYTES`, then :data:`MARKS_OVERFLOW`)."""
 
     def __init__(self, cap: int):
         self.cap = cap
@@ -298,8 +310,50 @@ class CappedOutput:
         self.head = bytearray()
         self.tail = bytearray()
         self.total = 0
+        self.marks: list[str] = []
+        self._line = bytearray()       # the start of the current line, if it may be a mark
+        self._line_len = 0             # -1: inside a line that is no mark
+
+    def _scan(self, data: bytes) -> None:
+        """Collect mark lines; only candidate line starts are visited (``find``), so a long
+        output of ordinary lines costs one C-level search per chunk."""
+        buf = bytes(self._line) + data if self._line_len >= 0 else data
+        pos = 0 if self._line_len >= 0 else buf.find(b"\n") + 1 if b"\n" in buf else len(buf) + 1
+        if pos > len(buf):                     # still inside an ordinary line
+            return
+        while True:
+            # ``pos`` is a line start: is the line a mark (or could it still become one)?
+            end = buf.find(b"\n", pos)
+            head = buf[pos:pos + len(MARK_PREFIX)]
+            if end < 0:                        # the line goes on in the next chunk
+                rest = buf[pos:pos + MAX_MARK_BYTES + 1]
+                if MARK_PREFIX.startswith(head) or head == MARK_PREFIX:
+                    self._line, self._line_len = bytearray(rest), len(rest)
+                else:
+                    self._line, self._line_len = bytearray(), -1
+                return
+            if head == MARK_PREFIX and end - pos <= MAX_MARK_BYTES:
+                if len(self.marks) < MAX_MARKS:
+                    self.marks.append(buf[pos:end].decode("utf-8", errors="replace").rstrip("\r"))
+                elif self.marks[-1] != MARKS_OVERFLOW:
+                    self.marks.append(MARKS_OVERFLOW)
+            nxt = buf.find(b"\n" + MARK_PREFIX[:1], end)
+            if nxt < 0:                        # no later line starts like a mark in this chunk
+                last = buf.rfind(b"\n")
+                pos = last + 1
+                if pos >= len(buf):
+                    self._line, self._line_len = bytearray(), 0
+                    return
+                head = buf[pos:pos + len(MARK_PREFIX)]
+                if MARK_PREFIX.startswith(head):
+                    self._line, self._line_len = bytearray(buf[pos:pos + MAX_MARK_BYTES + 1]), 1
+                else:
+                    self._line, self._line_len = bytearray(), -1
+                return
+            pos = nxt + 1
 
     def add(self, data: bytes) -> None:
+        self._scan(bytes(data))
         self.total += len(data)
         view = memoryview(data)
         if len(self.head) < self.head_cap:

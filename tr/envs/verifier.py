@@ -218,6 +218,101 @@ def _matches(check_name: str, wanted: str) -> bool:
     return wanted in (check_name, last, last.split("[", 1)[0])
 
 
+# ---------------------------------------------------------------- the runner's own word
+
+COLLECTED_FILENAME = "collected.json"     # node ids the harness's pytest plugin collected
+COLLECTED_MARK = "[tr-collected]"          # "<mark> <count> <sha256 of the json>" on the output
+EXIT_MARK = "[tr-pytest-exit]"             # "<mark> <status>" after each served pytest run
+RUNNER_EXITS = (0, 1)                      # pytest's and checkrun's own verdicts
+PYTEST_INTERRUPTED = 2                     # also its word when the report has a collection error
+
+
+def collected_key(node_id: str) -> tuple[str, str, str]:
+    """``sub/test_a.py::TestX::test_y[p]`` -> ("test_a", "TestX", "test_y[p]"): the
+    (module, class, name) a JUnit case of it parses to."""
+    path, _, rest = node_id.partition("::")
+    parts = rest.split("::") if rest else [""]
+    stem = path.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".py")
+    return stem, ".".join(parts[:-1]), parts[-1]
+
+
+def runner_word_problem(cases: list[JUnitCase], *, exit_code: int | None,
+                        collected: list[str] | None) -> str | None:
+    """Why a report is not the runner's own word (None when it is).  ``exit_code``: the
+    harness's runner's exit status (None: not known, not checked); ``collected``: the node ids
+    its plugin collected (None: not checked).
+
+    * a status other than 0 or 1 is a crash or a kill (pytest's 2-5 included; 2 with a
+      collection error in the report is pytest stopping there, as good as 1);
+    * 0 holds only if no case failed or errored, 1 only if one did;
+    * every collected test is in the report and every case of the report was collected (a case
+      missing, or from a file outside the tests, is not the runner's).
+    """
+    bad = [c for c in cases if c.outcome in ("failed", "error")]
+    if exit_code == PYTEST_INTERRUPTED and any(c.collection_error for c in cases):
+        exit_code = 1       # pytest stops after a collection error unless told to go on
+    if exit_code is not None:
+        if exit_code not in RUNNER_EXITS:
+            return (f"the test runner ended with exit status {exit_code}, not 0 or 1 (a crash "
+                    "or a kill): its report is not its verdict")
+        if exit_code == 0 and bad:
+            return (f"the test runner exited 0 but its report has {len(bad)} failing case(s), "
+                    f"e.g. {bad[0].module}::{bad[0].name}")
+        if exit_code == 1 and not bad:
+            return "the test runner exited 1 (a test failed) but its report has no failing case"
+    if collected is not None:
+        outside = [i for i in collected if i.startswith(("/", "../"))]
+        if outside:
+            return f"the test runner collected {outside[0]!r}, outside the task's tests"
+        want = {collected_key(i) for i in collected}
+        have = {(c.module, c.klass, c.name) for c in cases if not c.collection_error}
+        if want - have:
+            missing = "::".join(sorted(want - have)[0])
+            return (f"{len(want - have)} collected test(s) are missing from the report, e.g. "
+                    f"{missing}")
+        if have - want:
+            extra = "::".join(sorted(have - want)[0])
+            return f"the report has {len(have - want)} case(s) the runner never collected, e.g. {extra}"
+    return None
+
+
+def runner_records(marks: Iterable[str]) -> tuple[list[int], list[tuple[int, str]], bool]:
+    """(exit statuses, (count, digest) of collections, overflowed) from the marks of a run's
+    output (:attr:`tr.envs.sandbox.CommandResult.marks`); an unreadable record is status -1."""
+    exits, collections, overflow = [], [], False
+    for line in marks:
+        words = line.split()
+        if line.startswith("[tr-marks-overflow]"):
+            overflow = True
+        elif words[:1] == [EXIT_MARK]:
+            exits.append(int(words[1]) if len(words) == 2 and words[1].isdigit() else -1)
+        elif words[:1] == [COLLECTED_MARK]:
+            ok = len(words) == 3 and words[1].isdigit()
+            collections.append((int(words[1]), words[2]) if ok else (-1, ""))
+    return exits, collections, overflow
+
+
+def collected_ids(text: str | None, collections: list[tuple[int, str]]) -> list[str] | str:
+    """The collected node ids of ``collected.json``, checked against the runner's printed
+    digests (the last run's); a str says why they cannot be trusted."""
+    import hashlib
+
+    if text is None:
+        return f"the harness's pytest wrote no {COLLECTED_FILENAME}"
+    if not collections:
+        return "the harness's pytest printed no record of what it collected"
+    count, digest = collections[-1]
+    if hashlib.sha256(text.encode()).hexdigest() != digest:
+        return f"{COLLECTED_FILENAME} is not what the harness's pytest collected"
+    try:
+        ids = json.loads(text)
+    except json.JSONDecodeError:
+        return f"{COLLECTED_FILENAME} is not valid JSON"
+    if not isinstance(ids, list) or len(ids) != count or not all(isinstance(i, str) for i in ids):
+        return f"{COLLECTED_FILENAME} does not list {count} node ids"
+    return ids
+
+
 def result_from_junit(
     junit_text: str | None,
     *,
@@ -227,8 +322,14 @@ def result_from_junit(
     duration_s: float = 0.0,
     final_gate: str | None = None,
     required: Iterable[str] | None = None,
+    check_exit: bool = False,
+    collected: list[str] | str | None = None,
 ) -> VerifierResult:
-    """Turn one pytest run (its JUnit report and exit status) into a VerifierResult."""
+    """Turn one pytest run (its JUnit report and exit status) into a VerifierResult.
+
+    ``check_exit``: ``exit_code`` is the harness's runner's own (not a script's): the report
+    stands only as its word (:func:`runner_word_problem`); ``collected``: the node ids it
+    collected (a str: why they are unknown -- a crash)."""
     if timed_out:
         return failure(ERROR_TIMEOUT, "the verifier ran past its time limit", log=log,
                        duration_s=duration_s)
@@ -243,6 +344,12 @@ def result_from_junit(
     if not cases:
         return failure(ERROR_CRASH, f"pytest ran no tests (exit code {exit_code})", log=log,
                        duration_s=duration_s)
+    if isinstance(collected, str):
+        return failure(ERROR_CRASH, collected, log=log, duration_s=duration_s)
+    problem = runner_word_problem(cases, exit_code=exit_code if check_exit else None,
+                                  collected=collected)
+    if problem:
+        return failure(ERROR_CRASH, problem, log=log, duration_s=duration_s)
     checks, matched, executed, strict = score_cases(cases, final_gate=final_gate, required=required)
     return VerifierResult(checks=checks, matched=matched, executed=executed, strict_pass=strict,
                           duration_s=duration_s, log=log)

@@ -243,6 +243,20 @@ def pytest_spec_from_script(script: str, script_name: str, tests_dir: Path) -> V
                         script_text=done.text, servers=server_names(servers))
 
 
+def unserved_pytest_problem(spec: VerifierSpec, script_name: str) -> Problem | None:
+    """A script that still runs a pytest the harness does not serve once rewritten (its own
+    `pytest` would write the report, and the agent can replace it): refused, naming the line."""
+    from tr.envs.tasks import testscript
+
+    line = testscript.unserved_pytest(spec.script_text or "")
+    if line is None:
+        return None
+    return Problem(script_name, None, f"runs a pytest the harness cannot serve: `{line[:160]}` "
+                   "(tr runs its own pytest for the recognised forms -- pytest, python3.X -m "
+                   "pytest, a path to pytest, behind timeout/env/xvfb-run/sudo/nice; the "
+                   "sandbox's pytest is the agent's to replace)")
+
+
 def shell_syntax_problems(text: str, file: str, label: str) -> list[Problem]:
     """`bash -n` on a script; unterminated heredocs count as errors."""
     try:

@@ -199,6 +199,10 @@ def _verifier(task_dir: Path, f: FieldReader, layout: str, problems: list[Proble
             return None
         if checks.runs_pytest(script) and test_files:
             spec = checks.pytest_spec_from_script(script, "tests/test.sh", tests_dir)
+            unserved = checks.unserved_pytest_problem(spec, "tests/test.sh")
+            if unserved is not None:
+                problems.append(unserved)
+                return None
         else:
             found = checks.local_server_checks(tests_dir, ["test.sh", *test_files])
             spec = VerifierSpec(kind="reward_file", script="test.sh",

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tr.envs import verifier as vr
 from tr.envs.tasks import dockerfile as dfile
+from tr.envs.tasks import testscript
 from tr.envs.tasks.model import Task, script_interpreter, split_turns
 
 ATTEMPTS = ("solution", "partial", "none")
@@ -300,7 +301,7 @@ def verifier_command(task: Task, workdir: str) -> str:
         # the task's own script, as written but for the pytest lines (testscript.rewrite),
         # read by the verifier's own shell: no `bash` of the sandbox starts it
         head = (f"{cd}export TEST_DIR={TESTS_MOUNT} PYTHONDONTWRITEBYTECODE=1 "
-                f"PYTEST_DISABLE_PLUGIN_AUTOLOAD=1\n")
+                f"PYTEST_DISABLE_PLUGIN_AUTOLOAD=1\n{testscript.SERVED_FUNCTION}")
         if spec.kind == "output":     # its printed summary is the result: kept whole in a file
             return f"{head}( {spec.script_text}\n) > {RESULTS_DIR}/{vr.OUTPUT_FILENAME} 2>&1"
         return head + spec.script_text
@@ -336,10 +337,11 @@ def verify(task: Task, sandbox, workdir: str | None = None) -> vr.VerifierResult
         duration = time.monotonic() - start
         files = _read_results(Path(out))
     if task.verifier.kind == "pytest":
+        exit_code, collected = runner_word(task, run, files)
         result = vr.result_from_junit(
-            files.get(vr.JUNIT_FILENAME), exit_code=run.exit_code, timed_out=run.timed_out,
+            files.get(vr.JUNIT_FILENAME), exit_code=exit_code, timed_out=run.timed_out,
             log=run.output, duration_s=duration, final_gate=task.verifier.final_gate,
-            required=task.verifier.required)
+            required=task.verifier.required, check_exit=True, collected=collected)
         result = _with_reward(result, files)
     elif task.verifier.kind == "output":
         result = vr.result_from_summary(files.get(vr.OUTPUT_FILENAME), exit_code=run.exit_code,
@@ -350,6 +352,24 @@ def verify(task: Task, sandbox, workdir: str | None = None) -> vr.VerifierResult
     result = result.with_task(task.id, task.family, task.tier)
     notes = environment_notes(task, sandbox) + server_notes(task, sandbox.backend)
     return dataclasses.replace(result, notes=tuple(notes)) if notes else result
+
+
+def runner_word(task: Task, run, files: dict[str, str]) -> tuple[int | None, list[str] | str]:
+    """(the harness's runner's exit status, the node ids it collected -- a str: why they are
+    not known) of a pytest-kind verifier run.  A task's own script: the status is the last
+    served pytest's record on the verifier's output (every record must be 0 or 1: a kill of
+    any run is a crash); else the command's own status is the runner's."""
+    exits, collections, overflow = vr.runner_records(run.marks)
+    if overflow:
+        return None, "the verifier's output held more harness records than any run writes"
+    if task.verifier.script_text is not None:
+        if not exits:
+            return None, "no pytest run the harness served finished (no exit record)"
+        crashed = [e for e in exits if e not in vr.RUNNER_EXITS]
+        code = crashed[0] if crashed else exits[-1]
+    else:
+        code = run.exit_code
+    return code, vr.collected_ids(files.get(vr.COLLECTED_FILENAME), collections)
 
 
 def server_notes(task: Task, backend) -> list[str]:
@@ -414,7 +434,8 @@ def _read_results(out: Path) -> dict[str, str]:
     """The result files the verifier wrote: each read from exactly one path, the top of the
     copied-out results folder (a file of that name anywhere below it is not a result)."""
     found: dict[str, str] = {}
-    for name in (vr.JUNIT_FILENAME, vr.OUTPUT_FILENAME, *vr.REWARD_FILENAMES):
+    for name in (vr.JUNIT_FILENAME, vr.OUTPUT_FILENAME, vr.COLLECTED_FILENAME,
+                 *vr.REWARD_FILENAMES):
         path = out / name
         if path.is_file() and not path.is_symlink():
             found[name] = path.read_text(encoding="utf-8", errors="replace")

@@ -209,6 +209,10 @@ def _verifier(task_dir: Path, problems: list[Problem]) -> VerifierSpec | None:
             script, junit="/logs/verifier/junit.xml").text, note="run-tests.sh runs as written; "
             "its printed 'short test summary info' is the result (Terminal-Bench 1's parser)")
     spec = checks.pytest_spec_from_script(script, "run-tests.sh", tests_dir)
+    unserved = checks.unserved_pytest_problem(spec, "run-tests.sh")
+    if unserved is not None:
+        problems.append(unserved)
+        return None
     if not spec.test_files:
         problems.append(Problem("tests/", None, "no tests: expected test_*.py files"))
         return None

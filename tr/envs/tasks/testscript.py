@@ -43,11 +43,32 @@ _UV_VENV = re.compile(r"^\s*uv\s+(venv|init)\b\s*(\S*)")
 _ACTIVATE = re.compile(r"^\s*(source|\.)\s+(\S+)/bin/activate\s*$")
 _APT = re.compile(r"^\s*(sudo\s+)?apt(-get)?\s+(-\S+\s+)*(install|update)\b(.*)$")
 _PIP = re.compile(r"^\s*(sudo\s+)?((uv\s+pip|uv\s+add|python3?\s+-m\s+pip|pip3?)\s+(install\s+)?)(.*)$")
+# Wrappers in front of a pytest run: dropped (`timeout`: the verifier has its own limit;
+# `xvfb-run`, `sudo`, `nice`: programs of the sandbox, the agent's to replace) or, for
+# environment assignments (`env A=B`, `A=B`), kept in front of the served run.
+_WRAPPER = (r"(?:(?P<timeout>timeout\s+(?:(?:-s|--signal|-k|--kill-after)\s+\S+\s+|-\S+\s+)*"
+            r"\d\S*\s+)"
+            r"|(?P<xvfb>xvfb-run\s+(?:(?:-[a-z]\s+(?!-)\S+|-\S+)\s+)*)"
+            r"|(?P<sudo>sudo\s+(?:-\S+\s+)*)|(?P<nice>nice\s+(?:-n\s*\S+\s+|-\d+\s+)?)"
+            r"|(?P<env>env\s+(?:-\S+\s+)*)|(?P<assign>[A-Za-z_]\w*=(?:'[^']*'|\"[^\"]*\"|\S*)\s+))")
 _PYTEST_RUN = re.compile(
     r"(?P<pre>^\s*|[;&|(]\s*|\b(if|while|until|then|do|else|time|exec|!)\s+)"
+    rf"(?P<wrap>{_WRAPPER.replace('?P<', '?:<').replace('(?:<timeout>', '(?:').replace('(?:<xvfb>', '(?:').replace('(?:<sudo>', '(?:').replace('(?:<nice>', '(?:').replace('(?:<env>', '(?:').replace('(?:<assign>', '(?:')}*)"
     r"(?P<cmd>(uv\s+run\s+(--\S+\s+)*)?(uvx\s+((-[pw]|--with|--from|--python)\s+\S+\s+|-\S+\s+)*|"
-    r"(python3?|\S+/python3?)\s+-m\s+)?"
-    r"pytest)(?=\s|$)(?P<args>[^;&|\n]*)")
+    r"(\S*/)?python3?(\.\d+)?\s+-m\s+)?"
+    r"(\S*/)?pytest)(?=\s|$)(?P<args>[^;&|\n]*)")
+_WRAPPER_RE = re.compile(_WRAPPER)
+# `pytest` in command position that no rule above serves (after the served runs are replaced):
+# such a task is refused at load (`unserved_pytest`)
+_ANY_PYTEST = re.compile(r"(?:^|[\s;&|(`'\"])(?:[^\s'\"]*/)?pytest(?=$|[\s;&|)`'\"])")
+_NOT_A_RUN = re.compile(r"\b(install|add|echo|printf|-p|--with|-w|no:\S*|which|command\s+-v|type)\s+$")
+SERVED = "tr_pytest"
+# The served pytest: a function of the verifier's shell (tr.envs.tasks.runner puts it in front of
+# the script).  It runs the harness's pytest without fd 9 -- the verifier's own output, which
+# the harness reads -- and then writes the run's exit status there
+# (tr.envs.verifier.EXIT_MARK): a run that is killed cannot hide how it ended.
+SERVED_FUNCTION = (f'exec 9>&1; {SERVED}() {{ "$TR_PYTHON" -P -m pytest "$@" 9>&-; set -- "$?"; '
+                   f"printf '\\n%s %s\\n' '[tr-pytest-exit]' \"$1\" >&9; return \"$1\"; }}\n")
 _PLUGIN_FLAGS = re.compile(r"\s--(ctrf|json-report-file|json-report|html|cov(-report)?)(=\S+|\s+(?!-)\S+)?")
 DEFAULT_RUN = "pytest $TEST_DIR/test_outputs.py -rA"
 
@@ -86,18 +107,53 @@ def _have(requirement: str) -> bool:
 def pytest_command(args: str, junit: str) -> str:
     tail = args[len(args.rstrip()):]
     args = _PLUGIN_FLAGS.sub("", " " + args).strip()
-    return (f'"$TR_PYTHON" -P -m pytest -p no:cacheprovider -o junit_family=xunit1 '
+    return (f"{SERVED} -p no:cacheprovider -o junit_family=xunit1 "
             f"--junitxml={junit} {args}").rstrip() + tail
 
 
-def _serve_pytest(line: str, junit: str) -> tuple[str, bool]:
+def _serve_pytest(line: str, junit: str, notes: list[str]) -> tuple[str, bool]:
     hit = [False]
 
     def repl(m: re.Match) -> str:
         hit[0] = True
-        return m.group("pre") + pytest_command(m.group("args"), junit)
+        kept = []
+        for w in _WRAPPER_RE.finditer(m.group("wrap")):
+            if w.group("assign"):
+                kept.append(w.group("assign"))
+            elif not w.group("env"):
+                word = w.group(0).split()[0]
+                note = (f"`{word}` in front of pytest is dropped (the verifier has its own time "
+                        "limit)" if word == "timeout" else
+                        f"`{word}` in front of pytest is dropped (a program of the sandbox: the "
+                        "harness's pytest runs without it)")
+                if note not in notes:
+                    notes.append(note)
+        return m.group("pre") + "".join(kept) + pytest_command(m.group("args"), junit)
 
     return _PYTEST_RUN.sub(repl, line), hit[0]
+
+
+def unserved_pytest(text: str) -> str | None:
+    """The first line of a rewritten script that still runs a pytest of the sandbox (one no
+    rule serves: the agent's to replace), else None.  Comments, quoted strings and package
+    arguments (`pip install pytest`) do not count."""
+    heredoc = None
+    for line in _logical_lines(text):
+        if heredoc is not None:
+            if line.strip() == heredoc:
+                heredoc = None
+            continue
+        doc = re.search(r"<<-?\s*['\"]?(\w+)['\"]?", line)
+        if doc and not line.strip().startswith("#"):
+            heredoc = doc.group(1)
+        code = line
+        if not re.search(r"\b(ba|da|z)?sh\s+(-\S+\s+)*-c\b|\beval\b", line):  # else quoted code runs
+            code = re.sub(r"'[^']*'|\"(?:[^\"\\\\]|\\\\.)*\"", "''", line)
+        code = re.sub(r"(^|\s)#.*$", "", code)
+        for m in _ANY_PYTEST.finditer(code):
+            if not _NOT_A_RUN.search(code[:m.start() + 1]):
+                return line.strip()
+    return None
 
 
 def rewrite(script: str, *, junit: str, run_uv_pytest: str | None = None,
@@ -181,7 +237,7 @@ def rewrite(script: str, *, junit: str, run_uv_pytest: str | None = None,
                        and not ln.startswith("#!"))
             ran = ran or inner.runs_pytest
             continue
-        new, hit = _serve_pytest(line, junit)
+        new, hit = _serve_pytest(line, junit, notes)
         ran = ran or hit
         out.append(new)
     head = 'export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$HOME/site"\n' if _top else ""
