@@ -425,6 +425,28 @@ def test_docker_snapshots_refuse_sparse_files_beyond_the_disk_budget(docker_prob
             box.snapshot()
 
 
+def test_a_refused_pre_verifier_snapshot_is_the_agents_failure_not_infra(tmp_path, docker_problem):
+    """An agent that makes its state too big to snapshot must not get its episode dropped as an
+    infrastructure fault (dropping removes a failure from the batch): the episode counts, fails,
+    and says why."""
+    if docker_problem:
+        pytest.skip(f"NO DOCKER ENGINE ANSWERS: {docker_problem}")
+    from tr.agent.harness import EpisodeSpec, run_episode
+    from tr.agent.rollout import TaskEnv, discard_snapshot_ref
+    from tr.agent.transcript import ChatLayout
+    from tr.models.tokenizer import ByteTokenizer
+    task = make_task(tmp_path, "oversized")
+    env = TaskEnv("docker", SandboxConfig(**SMALL))
+    rec = run_episode(EpisodeSpec(task=task, episode_id="actor"),
+                      Says(["mkdir -p /opt/sparse && for i in 1 2 3; do "
+                            "truncate -s 40M /opt/sparse/f$i; done"]),
+                      env, ChatLayout(ByteTokenizer()), snapshot_before_verify=True,
+                      policy_name="says")
+    discard_snapshot_ref(rec.snapshot_ref)
+    assert rec.status.counts and rec.passed is False, (rec.status, rec.error)
+    assert rec.snapshot_ref is None and "snapshot refused" in (rec.error or ""), rec.error
+
+
 def test_docker_snapshots_strip_setuid_bits_of_the_writable_layer(docker_problem):
     if docker_problem:
         pytest.skip(f"NO DOCKER ENGINE ANSWERS: {docker_problem}")

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 from tr.agent.records import EpisodeRecord, EpisodeStatus, TurnRecord
 from tr.agent.transcript import ChatLayout, Generation, Transcript
+from tr.envs.sandbox import SnapshotRefused
 
 SYSTEM_PROMPT = """You are an autonomous agent working in a Linux shell (bash) to complete a task.
 The working directory is /app. Each turn, reply in exactly this format:
@@ -336,21 +337,28 @@ def run_episode(
 
         if cancel is not None and cancel.is_set():
             raise Cancelled()
+        refused = None
         if snapshot_before_verify:
             t0 = time.monotonic()
             try:
                 rec.snapshot_ref = env.snapshot(spec, sandbox)
+            except SnapshotRefused as e:  # the agent's state is over the snapshot's bounds
+                refused = f"snapshot refused: {e}"
             except Exception as e:  # noqa: BLE001
                 raise InfraError(f"snapshot failed: {type(e).__name__}: {e}") from e
             rec.env_s += time.monotonic() - t0
         t0 = time.monotonic()
-        try:
-            vr = env.verify(spec, sandbox)
-            failure = None if vr.error is None else \
-                f"verifier error: {vr.error}: {getattr(vr, 'error_detail', '')}".rstrip(": ")
-        except Exception as e:  # noqa: BLE001 — judged below, like an error the verifier reports
-            vr, failure = None, f"verifier failed: {type(e).__name__}: {e}"
-        if failure is not None:
+        if refused is not None:  # agent-caused: a failure, never verified (nor dropped as infra)
+            vr, failure = None, refused
+            rec.error = f"{refused} (counted as the agent's failure)"
+        else:
+            try:
+                vr = env.verify(spec, sandbox)
+                failure = None if vr.error is None else \
+                    f"verifier error: {vr.error}: {getattr(vr, 'error_detail', '')}".rstrip(": ")
+            except Exception as e:  # noqa: BLE001 — judged below, like an error the verifier reports
+                vr, failure = None, f"verifier failed: {type(e).__name__}: {e}"
+        if failure is not None and refused is None:
             rec.verifier_fault, why = _judge_verifier_error(env, spec, sandbox)
             if rec.verifier_fault == "harness":
                 raise InfraError(f"{failure} ({why})")

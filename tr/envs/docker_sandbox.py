@@ -71,7 +71,8 @@ from pathlib import Path
 from tr.envs import cgroups, filetree
 from tr.envs.images.base import LABEL, docker_client, ensure_base_image
 from tr.envs.backends import Backend, remove_snapshot_folder
-from tr.envs.sandbox import CommandResult, SandboxConfig, ShellSandbox, SandboxError, Snapshot
+from tr.envs.sandbox import (CommandResult, SandboxConfig, ShellSandbox, SandboxError, Snapshot,
+                            SnapshotRefused)
 from tr.envs.shell import ShellProcess, ShellSession, run_to_eof
 from tr.envs.workspace import (HostWorkspace, _copy_host_tree_into, copy_dir,
                                default_state_dir, host_scope, owner_id, owner_is_dead,
@@ -659,7 +660,7 @@ class DockerSandbox(ShellSandbox):
                 for e in it:
                     entries += 1
                     if entries > self.SNAPSHOT_MAX_ENTRIES:
-                        raise SandboxError(f"snapshot: the container's writable layer has more "
+                        raise SnapshotRefused(f"snapshot: the container's writable layer has more "
                                            f"than {self.SNAPSHOT_MAX_ENTRIES} entries outside "
                                            "the sandbox's areas; not committed")
                     path = f"{rel}/{e.name}"
@@ -671,7 +672,7 @@ class DockerSandbox(ShellSandbox):
                         if st.st_mode & (stat.S_ISUID | stat.S_ISGID) or _has_caps(e.path):
                             privileged.append(path)
         if total > budget:
-            raise SandboxError(f"snapshot: the container's writable layer (outside the areas) "
+            raise SnapshotRefused(f"snapshot: the container's writable layer (outside the areas) "
                                f"has an apparent size of {total / 2**20:.0f} MB, beyond the "
                                f"sandbox's disk budget of {self.config.disk_mb} MB (docker "
                                "commit writes sparse files in full); not committed")

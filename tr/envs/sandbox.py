@@ -21,6 +21,12 @@ class SandboxError(RuntimeError):
     """A sandbox could not do what was asked (bad path, backend missing, engine failure)."""
 
 
+class SnapshotRefused(SandboxError):
+    """The agent's state is beyond what a snapshot may keep (apparent size over the disk budget,
+    too many entries): the agent's doing, so the harness counts the episode as its failure rather
+    than as an infrastructure fault that would drop it from the batch."""
+
+
 @dataclass(frozen=True)
 class CommandResult:
     """What one command did.
