@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import pathlib
 import shutil
@@ -215,6 +216,9 @@ def load_stage(run_dir, stage: str, step: int | None = None, *, spec: str | None
     model = Decoder(model_config, rngs=nnx.Rngs(0))
     target = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     step = stage_step(run_dir, stage, step)
+    quiet = logging.getLogger("absl")   # Orbax's warnings that a read-only store does not save
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
     try:
         with StageStore(run_dir, stage, async_save=False, read_only=True) as store:
             step = store.latest_step() if step is None else step
@@ -228,6 +232,8 @@ def load_stage(run_dir, stage: str, step: int | None = None, *, spec: str | None
         raise CheckpointError(f"checkpoint {spec!r}: its actor parameters do not fit model "
                               f"{model_name} recorded in {manifest_path}: "
                               f"{' '.join(str(error).split())[:300]}") from None
+    finally:
+        quiet.setLevel(level)
     assign_params(model, params)
     return Loaded(model, params, tokenizer, prompt,
                   {"spec": spec, "kind": "stage", "run_dir": str(run_dir), "stage": stage,
