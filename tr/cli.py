@@ -55,7 +55,7 @@ def experiment_path(config: str) -> tuple[pathlib.Path, str]:
     if not path.is_absolute() and not path.exists():
         path = ROOT / path_text
     if not path.is_file():
-        raise UsageError(f"termrl run: config file {path_text!r} does not exist (e.g. "
+        raise UsageError(f"termrl: config file {path_text!r} does not exist (e.g. "
                          "experiments/terminal_rsi.py:quick)")
     return path.resolve(), (sep + variant) if sep else ""
 
@@ -237,9 +237,7 @@ def cmd_export(args) -> int:
 PASSTHROUGH = {"tasks": ("tr.envs.tasks.__main__", "validate, verify and list task directories "
                          "(python -m tr.envs.tasks)"),
                "gym": ("tr.envs.gym.__main__", "write gym instances as task directories, list the "
-                       "families (python -m tr.envs.gym)"),
-               "aot": ("tr.train.aot", "compile every step of an experiment for a TPU topology "
-                       "(python -m tr.train.aot)")}
+                       "families (python -m tr.envs.gym)")}
 
 
 def build_parser() -> Parser:
@@ -296,6 +294,15 @@ def build_parser() -> Parser:
 
     for name, (_, text) in PASSTHROUGH.items():
         sub.add_parser(name, help=text, add_help=False)
+
+    aot = sub.add_parser("aot", help="compile every step of an experiment for a TPU topology "
+                         "(python -m tr.train.aot)",
+                         description="Ahead-of-time compile each step an experiment config runs "
+                         "for a TPU topology; per-chip memory against HBM (tr/train/aot.py).")
+    aot.add_argument("--config", required=True, help="experiments/X.py[:variant]")
+    aot.add_argument("--topology", default=None, help="v5p-128, v5e-64, v5p:4x4x4, cpu, ...")
+    aot.add_argument("--json", action="store_true", help="print the JSON report")
+    aot.add_argument("--steps", default="", help="only these steps (comma-separated)")
     return parser
 
 
@@ -304,11 +311,21 @@ def passthrough(name: str, argv: list[str]) -> int:
     if name == "tasks":
         from tr.envs.tasks.__main__ import main as tasks_main  # pylint: disable=g-import-not-at-top
         return tasks_main(argv)
-    if name == "gym":
-        from tr.envs.gym.__main__ import main as gym_main  # pylint: disable=g-import-not-at-top
-        return gym_main(argv)
+    from tr.envs.gym.__main__ import main as gym_main  # pylint: disable=g-import-not-at-top
+    return gym_main(argv)
+
+
+def cmd_aot(args) -> int:
+    """`python -m tr.train.aot` on the config (its absl flags; compiled for described devices)."""
+    path, variant = experiment_path(args.config)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from tr.train import aot  # pylint: disable=g-import-not-at-top
-    aot.main(["termrl aot", *argv])
+
+    argv = ["termrl aot", f"--config={path}{variant}"]
+    argv += [f"--topology={args.topology}"] if args.topology else []
+    argv += ["--json"] if args.json else []
+    argv += [f"--steps={args.steps}"] if args.steps else []
+    aot.main(argv)
     return 0
 
 
@@ -325,7 +342,8 @@ def dispatch(argv: list[str]) -> int:
                          f"(see termrl {args.command} --help)")
     if args.command == "run":
         return cmd_run(args, rest)
-    return {"eval": cmd_eval, "serve": cmd_serve, "export": cmd_export}[args.command](args)
+    return {"eval": cmd_eval, "serve": cmd_serve, "export": cmd_export,
+            "aot": cmd_aot}[args.command](args)
 
 
 def main(argv=None) -> int:
