@@ -341,3 +341,53 @@ def test_pip_install_in_a_fresh_venv_gives_the_termrl_command(tmp_path):
     where = subprocess.run([str(venv / "bin" / "python"), "-c", "import tr; print(tr.__file__)"],
                            capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
     assert where.stdout.strip() == str(ROOT / "tr" / "__init__.py")
+
+
+# ------------------------------------------------------------------------------------------------
+# aot on the recipes' own configs
+
+
+def _experiment(name, variant):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(f"cfg_{name}", ROOT / "experiments" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(variant)
+
+
+def test_aot_plan_is_derived_from_the_recipes_paper_configs():
+    from tr.stages import pod_plan
+    from tr.train import aot
+
+    rsi = _experiment("terminal_rsi", "paper")
+    plan = pod_plan.experiment_plan(rsi)
+    d = rsi.stage_defaults
+    assert plan.model.name == "qwen3-27b" and plan.pod == rsi.pod
+    batch = {"rows": d.arrays.rows, "length": d.arrays.length,
+             "micro_batches": plan.train.num_micro_batches}
+    assert set(plan.shapes) == {"sft", "critic", "ppo", "sampler"}   # rsr, warmup, rpr stages
+    for update in ("sft", "critic", "ppo"):
+        assert plan.shapes[update].to_dict() == batch
+    assert plan.shapes.sampler.to_dict() == {"rows": d.rollout.concurrency,
+                                             "prompt_len": 40960 - 8192, "new_tokens": 8192}
+    assert set(aot.planned_steps(plan)) == {"sampler_prefill", "sampler_decode", "sft", "critic", "ppo"}
+    reterm = _experiment("reterm", "paper")
+    plan = pod_plan.experiment_plan(reterm)
+    assert plan.model.name == "qwen3-8b" and plan.train.grpo.group_size == 16
+    assert plan.shapes.grpo.to_dict() == {"rows": 160, "length": 65536, "micro_batches": 1}
+    assert plan.shapes.sft.to_dict() == {"rows": 16, "length": 1024, "micro_batches": 1}
+    assert set(aot.planned_steps(plan)) == {"sampler_prefill", "sampler_decode", "sft", "grpo"}
+
+
+def test_termrl_aot_compiles_a_recipe_config(tmp_path):
+    result = termrl("aot", "--config=experiments/terminal_rsi.py:quick", "--topology=cpu", "--json",
+                    "--steps=ppo")
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert list(report["steps"]) == ["ppo"] and report["model"]["name"] == "gym"
+    assert report["shapes"]["ppo"] == {"rows": 4, "length": 512, "micro_batches": 1}
+    assert report["steps"]["ppo"]["total_bytes"] > 0
+    assert_one_line_error(termrl("aot", "--config=experiments/gae_demo.py", "--topology=cpu"),
+                          "neither `shapes`")
+    assert_one_line_error(termrl("aot", "--config=experiments/terminal_rsi.py:quick",
+                                 "--topology=v9z-3"), "termrl aot")

@@ -315,17 +315,41 @@ def passthrough(name: str, argv: list[str]) -> int:
     return gym_main(argv)
 
 
+def load_experiment(config: str):
+    """The ConfigDict of CONFIG[:VARIANT] (its `get_config(variant)`)."""
+    import importlib.util  # pylint: disable=g-import-not-at-top
+
+    path, variant = experiment_path(config)
+    spec = importlib.util.spec_from_file_location(f"termrl_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+        return module.get_config(*([variant[1:]] if variant else []))
+    except (ValueError, KeyError, AttributeError) as error:
+        raise UsageError(f"termrl: --config={config}: {' '.join(str(error).split())}") from None
+
+
 def cmd_aot(args) -> int:
-    """`python -m tr.train.aot` on the config (its absl flags; compiled for described devices)."""
-    path, variant = experiment_path(args.config)
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    """Each step the experiment runs, compiled for the topology's described devices (tr/train/aot.py),
+    with the shapes the recipe's own config implies (`tr.stages.pod_plan.experiment_plan`)."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")   # TPU devices are described, not owned
+    from tr.stages import pod_plan  # pylint: disable=g-import-not-at-top
     from tr.train import aot  # pylint: disable=g-import-not-at-top
 
-    argv = ["termrl aot", f"--config={path}{variant}"]
-    argv += [f"--topology={args.topology}"] if args.topology else []
-    argv += ["--json"] if args.json else []
-    argv += [f"--steps={args.steps}"] if args.steps else []
-    aot.main(argv)
+    config = load_experiment(args.config)
+    plan = pod_plan.experiment_plan(config)
+    topology = args.topology or (plan.aot.topology if "aot" in plan else None)
+    if not topology:
+        raise UsageError("termrl aot: give --topology (or config.aot.topology)")
+    only = tuple(s for s in args.steps.split(",") if s)
+    try:
+        report = aot.compile_report(plan, topology, only=only, on_step=lambda n: print(
+            f"compiling {n} ...", file=sys.stderr, flush=True))
+    except aot.AotError as error:
+        raise UsageError(f"termrl aot: {' '.join(str(error).split())}") from None
+    report["shapes"] = plan.shapes.to_dict()
+    report["model"] = plan.model if isinstance(plan.model, str) else plan.model.to_dict()
+    print(json.dumps(report, indent=2) if args.json else aot.format_report(report))
     return 0
 
 
