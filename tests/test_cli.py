@@ -385,7 +385,8 @@ def test_termrl_aot_compiles_a_recipe_config(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert list(report["steps"]) == ["ppo"] and report["model"]["name"] == "gym"
-    assert report["shapes"]["ppo"] == {"rows": 4, "length": 512, "micro_batches": 1}
+    # quick: arrays 4 x 512, train.micro_batch_rows 2 -> 2 micro-batches
+    assert report["shapes"]["ppo"] == {"rows": 4, "length": 512, "micro_batches": 2}
     assert report["steps"]["ppo"]["total_bytes"] > 0
     assert_one_line_error(termrl("aot", "--config=experiments/gae_demo.py", "--topology=cpu"),
                           "neither `shapes`")

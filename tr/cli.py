@@ -147,7 +147,6 @@ def cmd_eval(args) -> int:
     try:
         if spec.kind == "openai":
             from tr.agent.http_policy import HttpPolicy  # pylint: disable=g-import-not-at-top
-            from tr.agent.policies import ModelPolicy  # pylint: disable=g-import-not-at-top  # noqa: F401
             from tr.agent.harness import Budgets  # pylint: disable=g-import-not-at-top
 
             policy = HttpPolicy(spec.url, spec.model, temperature=args.temperature, top_p=args.top_p,
@@ -163,7 +162,7 @@ def cmd_eval(args) -> int:
             print(f"loaded {checkpoints.describe(loaded)}", file=sys.stderr, flush=True)
             summary = evaluate_job.evaluate_loaded(loaded, tasks, settings, workdir=out,
                                                    seed=args.seed, name=name, backend=args.backend)
-            source = {k: v for k, v in loaded.source.items()}
+            source = dict(loaded.source)
     finally:
         if not args.out:
             import shutil  # pylint: disable=g-import-not-at-top
