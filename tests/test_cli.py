@@ -25,15 +25,17 @@ sys.path.insert(0, str(ROOT))
 from tr.agent.records import read_shard  # noqa: E402  pylint: disable=wrong-import-position
 from tr.stages import checkpoints, embedded, handoff  # noqa: E402  pylint: disable=wrong-import-position
 
-ENV = {**os.environ, "JAX_PLATFORMS": "cpu"}
+# PYTHONPATH: `python -m tr` from any folder, as an installed `termrl` would run
+ENV = {**os.environ, "JAX_PLATFORMS": "cpu",
+       "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 SUBCOMMANDS = ("run", "eval", "serve", "export", "tasks", "gym", "aot")
 # a small evaluation: 2 gym test tasks, 2 attempts, 1 turn of at most 16 tokens
 SMALL_EVAL = ("--tasks", "gym:test", "--count", "2", "--k", "2", "--max-turns", "1",
               "--max-output-tokens", "16", "--concurrency", "2")
 
 
-def termrl(*args, timeout=900, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "tr", *map(str, args)], cwd=cwd, env=ENV,
+def termrl(*args, timeout=900, cwd=ROOT, env=None):
+    return subprocess.run([sys.executable, "-m", "tr", *map(str, args)], cwd=cwd, env=env or ENV,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -324,12 +326,13 @@ def test_the_evaluate_job_takes_checkpoints(stage, tmp_path):
 
 
 def test_pip_install_in_a_fresh_venv_gives_the_termrl_command(tmp_path):
-    """Offline: the venv's own setuptools builds the editable install (no dependencies fetched);
-    `termrl --help` needs none of them."""
+    """`pip install -e .` in a fresh virtualenv, without the dependencies (`--no-deps`: `termrl
+    --help` needs none of them); pip's build isolation fetches setuptools (the index or pip's
+    cache: Python 3.11's bundled setuptools 65 has no `wheel` for an offline editable build)."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-deps",
-                          "--no-build-isolation", "--no-index", "-q", "-e", str(ROOT)],
+                          "-q", "-e", str(ROOT)],
                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert pip.returncode == 0, pip.stdout[-2000:] + pip.stderr[-2000:]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
@@ -368,8 +371,11 @@ def test_aot_plan_is_derived_from_the_recipes_paper_configs():
     assert set(plan.shapes) == {"sft", "critic", "ppo", "sampler"}   # rsr, warmup, rpr stages
     for update in ("sft", "critic", "ppo"):
         assert plan.shapes[update].to_dict() == batch
+    # the stages' episode sampler caches the model's whole context (rollout.context 0)
+    from tr.models.config import get_model_config
+    context = get_model_config("qwen3-27b").max_seq_len
     assert plan.shapes.sampler.to_dict() == {"rows": d.rollout.concurrency,
-                                             "prompt_len": 40960 - 8192, "new_tokens": 8192}
+                                             "prompt_len": context - 8192, "new_tokens": 8192}
     assert set(aot.planned_steps(plan)) == {"sampler_prefill", "sampler_decode", "sft", "critic", "ppo"}
     reterm = _experiment("reterm", "paper")
     plan = pod_plan.experiment_plan(reterm)
@@ -380,8 +386,9 @@ def test_aot_plan_is_derived_from_the_recipes_paper_configs():
 
 
 def test_termrl_aot_compiles_a_recipe_config(tmp_path):
+    one_device = {k: v for k, v in ENV.items() if k != "XLA_FLAGS"}   # quick's 4 rows: one CPU
     result = termrl("aot", "--config=experiments/terminal_rsi.py:quick", "--topology=cpu", "--json",
-                    "--steps=ppo")
+                    "--steps=ppo", env=one_device)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert list(report["steps"]) == ["ppo"] and report["model"]["name"] == "gym"
@@ -392,3 +399,10 @@ def test_termrl_aot_compiles_a_recipe_config(tmp_path):
                           "neither `shapes`")
     assert_one_line_error(termrl("aot", "--config=experiments/terminal_rsi.py:quick",
                                  "--topology=v9z-3"), "termrl aot")
+    # 4 rows over 8 fsdp devices: the step that cannot be laid out, named, in one line
+    eight = {**one_device, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    bad = termrl("aot", "--config=experiments/terminal_rsi.py:quick", "--topology=cpu",
+                 "--steps=ppo", env=eight)
+    errors = [line for line in bad.stderr.splitlines() if not line.startswith("compiling ")]
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr[-2000:]
+    assert len(errors) == 1 and errors[0].startswith("error: termrl aot: step ppo on cpu")

@@ -341,11 +341,20 @@ def cmd_aot(args) -> int:
     if not topology:
         raise UsageError("termrl aot: give --topology (or config.aot.topology)")
     only = tuple(s for s in args.steps.split(",") if s)
+    current = []
+
+    def on_step(name):
+        current[:] = [name.split(":")[0]]
+        print(f"compiling {name} ...", file=sys.stderr, flush=True)
+
     try:
-        report = aot.compile_report(plan, topology, only=only, on_step=lambda n: print(
-            f"compiling {n} ...", file=sys.stderr, flush=True))
+        report = aot.compile_report(plan, topology, only=only, on_step=on_step)
     except aot.AotError as error:
         raise UsageError(f"termrl aot: {' '.join(str(error).split())}") from None
+    except ValueError as error:   # JAX: a shape the mesh cannot split (IndivisibleError), ...
+        step = current[0] if current else "?"
+        raise UsageError(f"termrl aot: step {step} on {topology}: "
+                         f"{' '.join(str(error).split())[:400]}") from None
     report["shapes"] = plan.shapes.to_dict()
     report["model"] = plan.model if isinstance(plan.model, str) else plan.model.to_dict()
     print(json.dumps(report, indent=2) if args.json else aot.format_report(report))
