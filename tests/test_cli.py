@@ -264,7 +264,7 @@ def test_run_is_what_launch_run_sh_runs(tmp_path):
     assert json.loads((workdir / "config.json").read_text())["job"] == "gae_demo"
 
 
-def test_serve_answers_chat_completions(stage):
+def test_serve_answers_chat_completions_and_eval_of_the_endpoint(stage):
     proc = subprocess.Popen([sys.executable, "-m", "tr", "serve", "--checkpoint", str(stage),
                              "--port", "0", "--model-name", "gym-init", "--max-output-tokens", "16",
                              "--slots", "2"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
@@ -288,6 +288,14 @@ def test_serve_answers_chat_completions(stage):
             reply = json.loads(response.read())
         assert isinstance(reply["choices"][0]["message"]["content"], str)
         assert reply["usage"]["completion_tokens"] <= 8 if "usage" in reply else True
+        # `termrl eval` of an OpenAI-compatible endpoint: the served stage, over real sandboxes
+        result = termrl("eval", "--checkpoint", f"openai:{url}#gym-init", "--tasks", "gym:test",
+                        "--count", "2", "--k", "1", "--max-turns", "1", "--max-output-tokens", "8",
+                        "--concurrency", "2", "--json")
+        assert result.returncode == 0, result.stderr[-3000:]
+        out = json.loads(result.stdout.strip().splitlines()[-1])
+        assert out["episodes"] == 2 and out["infra_failures"] == 0
+        assert out["checkpoint"] == {"kind": "openai", "spec": f"openai:{url}#gym-init"}
     finally:
         proc.send_signal(signal.SIGINT)
         try:
