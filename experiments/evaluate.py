@@ -31,6 +31,13 @@ def get_config(variant: str = "default"):
     config.seed = 0
     config.eval = ml_collections.ConfigDict()
     config.eval.policies = ("scripted", "tiny")  # 'scripted' and/or a model size from tr/models/config.py
+    # Trained weights: checkpoint specs (tr/stages/checkpoints.py: a run's stage W/STAGE[@STEP] or
+    # a Hugging Face folder hf:DIR), each evaluated with its own model, tokenizer and system prompt
+    # at the sampling and budgets of `checkpoint_eval` (the Terminal-RSI report's, context 0: the
+    # sampler's bucket rule, which fits any model size)
+    config.eval.checkpoints = ()
+    config.eval.checkpoint_eval = ml_collections.ConfigDict({
+        "temperature": 0.6, "top_p": 0.95, "max_turns": 5, "max_output_tokens": 64, "context": 0})
     config.eval.k = 3
     config.eval.suite = ""  # a task directory tree; "" = the built-in suite
     config.eval.tasks = ()  # only these task ids; () = all

@@ -35,7 +35,7 @@ def parse_flags(argv):
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
         if any(line.startswith("Traceback") for line in lines):
             lines = [lines[0], lines[-1]]  # the flag at fault and the exception's own message
-        sys.stderr.write("error: " + "\n  ".join(lines) + "\n")
+        sys.stderr.write("error: " + " ".join(lines) + "\n")   # one line: the flag, the cause
         sys.exit(2)
     except (AttributeError, KeyError) as error:  # --config.x=... names a field the config lacks
         overrides = [a for a in argv if a.startswith("--config.")]

@@ -157,11 +157,16 @@ def evaluate(
         res["wall_s"] = out.wall_s
         res["backend"] = backend
         results[name] = res
+    write_results(results, workdir)
+    return results
+
+
+def write_results(results: Mapping[str, dict], workdir: str | os.PathLike) -> None:
+    """``workdir/eval.json`` (all numbers + per task) and ``workdir/eval.txt`` (the table)."""
     with open(os.path.join(workdir, "eval.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2, sort_keys=True)
     with open(os.path.join(workdir, "eval.txt"), "w", encoding="utf-8") as f:
         f.write(format_table(results))
-    return results
 
 
 def build_policies(names: Sequence[str], tasks: Sequence, *, seed: int = 0,

@@ -413,7 +413,12 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m tr.agent.rollout",
                                 description="Roll a policy out over a task suite; write episode records (JSONL)")
-    p.add_argument("--policy", default="scripted", help="'scripted' or a model size ('tiny', untrained)")
+    p.add_argument("--policy", default=None,
+                   help="'scripted' (default), a model size ('tiny': untrained weights), or with "
+                        "--checkpoint the size it must hold")
+    p.add_argument("--checkpoint", default=None,
+                   help="trained weights: a stage of a run W/STAGE[@STEP] or hf:DIR, with its own "
+                        "model config, tokenizer and system prompt (tr.stages.checkpoints)")
     p.add_argument("--out", required=True, help="shard path (.jsonl)")
     p.add_argument("--suite", default=None)
     p.add_argument("--tasks", nargs="*", default=None, help="only these task ids")
@@ -442,19 +447,45 @@ def main(argv=None) -> int:
         if unknown:
             p.error(f"--tasks: unknown task id(s) {unknown}")
         tasks = [t for t in tasks if t.id in set(args.tasks)]
-    if args.policy == "scripted":
+    if args.docker_endpoint and not get_backend(args.backend).endpoints:
+        p.error("--docker-endpoint needs --backend docker")
+    system_prompt = None
+    if args.checkpoint:
+        if args.policy == "scripted":
+            p.error("--checkpoint loads a model: drop --policy scripted")
+        # the loader lives with the stages (it reads stage stores); only this CLI edge imports it
+        from tr.stages import checkpoints  # pylint: disable=g-import-not-at-top
+
+        try:
+            loaded = checkpoints.load(args.checkpoint, expect_model=args.policy)
+        except checkpoints.CheckpointError as exc:
+            print(f"error: --checkpoint: {' '.join(str(exc).split())}", file=sys.stderr)
+            return 2
+        policy = checkpoints.model_policy(loaded, concurrency=args.concurrency, max_new_tokens=256,
+                                          seed=args.seed)
+        layout, budgets = policy.layout, policy.budgets(256, max_turns=args.max_turns)
+        system_prompt = loaded.system_prompt
+    elif args.policy in (None, "scripted"):
         from tr.models.tokenizer import ByteTokenizer
 
         policy = ScriptedPolicy(tasks, mistake_prob=args.mistake_prob, seed=args.seed)
         layout, budgets = ChatLayout(ByteTokenizer()), Budgets(max_turns=args.max_turns)
     else:
+        from tr.models.config import get_model_config
+
+        try:
+            get_model_config(args.policy)
+        except ValueError as exc:
+            print(f"error: --policy {args.policy!r}: expected 'scripted' or a model size ({exc})",
+                  file=sys.stderr)
+            return 2
         policy = load_model_policy(args.policy, seed=args.seed)
         layout, budgets = policy.layout, policy.budgets(256, max_turns=args.max_turns)
-    if args.docker_endpoint and not get_backend(args.backend).endpoints:
-        p.error("--docker-endpoint needs --backend docker")
     cfg = RolloutConfig(backend=args.backend, concurrency=args.concurrency, budgets=budgets,
                         snapshot_before_verify=args.snapshot,
                         docker_endpoints=tuple(args.docker_endpoint))
+    if system_prompt is not None:
+        cfg.system_prompt = system_prompt
     out = run_rollouts(group_specs(tasks, args.group_size, seed=args.seed), policy, layout, cfg,
                        keep_first=args.keep_first)
     n = write_shard(out.records, args.out)

@@ -1,13 +1,19 @@
 """The evaluation job (SPEC §6): Mean@k and Pass@1 of policies on a task suite, by family and tier.
 
 Runs `tr.agent.evaluation.evaluate` with the policies the config names ('scripted': the teacher that
-replays each task's reference solution; a model size such as 'tiny': that model, untrained unless a
-checkpoint is given) and writes WORKDIR/eval.json, eval.txt and episodes-<policy>.jsonl.
+replays each task's reference solution; a model size such as 'tiny': that model, untrained) and the
+checkpoints `config.eval.checkpoints` names (`W/STAGE`, `hf:DIR`: `tr.stages.checkpoints`, each with
+its own model, tokenizer and system prompt), and writes WORKDIR/eval.json, eval.txt and
+episodes-<policy>.jsonl.
+
+`evaluate_loaded` is the one evaluation of a loaded checkpoint: the Terminal-RSI report's test
+evaluations and `termrl eval` run it.
 """
 
 import pathlib
 
 from tr.agent import evaluation
+from tr.stages import checkpoints
 from tr.envs.tasks import TaskError, load_suite
 from tr.stages.registry import ConfigError
 
@@ -52,6 +58,34 @@ def docker_endpoints(settings) -> tuple[str, ...]:
     return endpoints
 
 
+def model_budgets(policy, settings):
+    """Harness budgets of a checkpoint's evaluation: turns and tokens end the episodes; the
+    wall-clock cap is far above need (a loaded machine never changes an evaluation)."""
+    return policy.budgets(int(settings["max_output_tokens"]), max_turns=int(settings["max_turns"]),
+                          context=int(settings.get("context", 0) or 0), summarise_at_tokens=None,
+                          wall_time_s=float(settings.get("wall_time_s", 1800.0) or 1800.0))
+
+
+def evaluate_loaded(loaded: checkpoints.Loaded, tasks, settings, *, workdir: pathlib.Path,
+                    seed: int, name: str, backend: str = "local", docker_endpoints=()) -> dict:
+    """Mean@k / Pass@1 of a loaded checkpoint's actor on `tasks` (`evaluation.evaluate`; its
+    summary), at `settings`' `k`, `temperature`, `top_p`, `max_turns`, `max_output_tokens`,
+    `context`, `concurrency`, with the checkpoint's own tokenizer and system prompt.  The sampler is
+    the stages' batch-invariant one: the outcome is a function of (parameters, tasks, seed)."""
+    policy = checkpoints.model_policy(loaded, concurrency=int(settings["concurrency"]),
+                                      max_new_tokens=int(settings["max_output_tokens"]),
+                                      temperature=float(settings["temperature"]),
+                                      top_p=float(settings["top_p"]), seed=seed, name=name)
+    try:
+        return evaluation.evaluate({name: policy}, tasks, k=int(settings["k"]), workdir=workdir,
+                                   backend=backend, concurrency=int(settings["concurrency"]),
+                                   budgets=model_budgets(policy, settings), seed=seed,
+                                   progress=False, system_prompt=loaded.system_prompt,
+                                   docker_endpoints=tuple(docker_endpoints))[name]
+    finally:
+        policy.sampler.close()
+
+
 def run(config, workdir: pathlib.Path):
     settings = config.eval
     endpoints = docker_endpoints(settings)
@@ -64,7 +98,20 @@ def run(config, workdir: pathlib.Path):
     results = evaluation.evaluate(policies, tasks, k=settings.k, workdir=workdir,
                                   backend=settings.backend, concurrency=settings.concurrency,
                                   budgets=budgets, seed=config.seed, progress=True,
-                                  docker_endpoints=endpoints)
+                                  docker_endpoints=endpoints) if policies else {}
+    for spec in tuple(settings.get("checkpoints", ()) or ()):
+        try:
+            loaded = checkpoints.load(spec)
+        except checkpoints.CheckpointError as error:
+            raise ConfigError(f"config.eval.checkpoints: {error}") from None
+        ckpt_settings = {"k": settings.k, "concurrency": settings.concurrency,
+                         **dict(settings.checkpoint_eval)}
+        results[spec] = evaluate_loaded(loaded, tasks, ckpt_settings, workdir=workdir,
+                                        seed=config.seed, name=spec, backend=settings.backend,
+                                        docker_endpoints=endpoints)
+    if not results:
+        raise ConfigError("config.eval.policies and config.eval.checkpoints are both empty")
+    evaluation.write_results(results, workdir)
     print(evaluation.format_table(results))
     print(f"wrote {workdir / 'eval.json'}, {workdir / 'eval.txt'} and the episode records")
     return results

@@ -36,7 +36,8 @@ import sys
 import time
 from typing import Sequence
 
-from tr.stages import pipeline
+from tr.stages import checkpoints, pipeline
+from tr.stages import evaluate as evaluate_job
 from tr.stages.registry import STAGE_KINDS, ConfigError, stage_kind
 
 REPORT_ROWS = ("base", "rsr1", "rpr1", "rsr2", "rpr2")
@@ -253,27 +254,6 @@ def run_stages(entries, shared, run_dir: pathlib.Path) -> dict:
 # Test evaluation of a stage's retained actor
 
 
-def stage_graph(run_dir: pathlib.Path, stage: str):
-    """(ModelConfig, tokenizer, system prompt | None) a stage's manifest records."""
-    from tr.models.config import get_model_config  # pylint: disable=g-import-not-at-top
-    from tr.stages import embedded  # pylint: disable=g-import-not-at-top
-
-    manifest = json.loads((run_dir / stage / "stage.json").read_text())
-    config = manifest.get("config") or {}
-    model = config.get("model")
-    if isinstance(model, str):
-        model_config = embedded.model_config(model)
-    elif isinstance(model, dict):
-        model_config = get_model_config(model["name"], **dict(model.get("overrides") or {}))
-    else:
-        raise ConfigError(f"{run_dir / stage / 'stage.json'}: config.model is {model!r}")
-    tokenizer = embedded.load_tokenizer(config.get("tokenizer") or "byte")
-    if tokenizer.vocab_size > model_config.vocab_size:
-        from tr.models.tokenizer import ByteTokenizer  # pylint: disable=g-import-not-at-top
-        tokenizer = ByteTokenizer(vocab_size=model_config.vocab_size)
-    return model_config, tokenizer, config.get("system_prompt") or None
-
-
 def retained_step(run_dir: pathlib.Path, stage: str) -> int:
     summary = json.loads((run_dir / stage / "summary.json").read_text())
     step = summary.get("retained_step")
@@ -281,20 +261,10 @@ def retained_step(run_dir: pathlib.Path, stage: str) -> int:
 
 
 def restore_actor(run_dir: pathlib.Path, stage: str, step: int):
-    """(Decoder with `stage`'s actor at `step`, tokenizer, system prompt, its parameter dict)."""
-    from flax import nnx  # pylint: disable=g-import-not-at-top
-
-    from tr.models.decoder import Decoder  # pylint: disable=g-import-not-at-top
-    from tr.models.weights import assign_params  # pylint: disable=g-import-not-at-top
-    from tr.train.checkpoint import StageStore  # pylint: disable=g-import-not-at-top
-
-    model_config, tokenizer, system_prompt = stage_graph(run_dir, stage)
-    model = Decoder(model_config, rngs=nnx.Rngs(0))
-    target = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-    with StageStore(run_dir, stage, async_save=False) as store:
-        params = store.restore_item("actor_params", target, step=step)
-    assign_params(model, params)
-    return model, tokenizer, system_prompt, params
+    """(Decoder with `stage`'s actor at `step`, tokenizer, system prompt, its parameter dict),
+    through the one checkpoint loader (`tr.stages.checkpoints`)."""
+    loaded = checkpoints.load_stage(run_dir, stage, step)
+    return loaded.model, loaded.tokenizer, loaded.system_prompt, loaded.params
 
 
 def retained_actor_hash(run_dir: pathlib.Path, stage: str) -> str | None:
@@ -331,29 +301,10 @@ def evaluate_stage(run_dir: pathlib.Path, stage: str, report_config, tasks, *, s
         out_dir.mkdir(parents=True, exist_ok=True)
         _write(cached, json.dumps(data, indent=1, sort_keys=True, default=str))
         return data
-    from tr.agent import evaluation  # pylint: disable=g-import-not-at-top
-    from tr.agent.policies import ModelPolicy  # pylint: disable=g-import-not-at-top
-    from tr.stages import common  # pylint: disable=g-import-not-at-top
-
-    model, tokenizer, system_prompt, _ = restore_actor(run_dir, stage, step)
-    rc = report_config
-    sampler = common.episode_sampler(model, tokenizer,
-                                     concurrency=int(rc.concurrency),
-                                     max_new_tokens=int(rc.max_output_tokens))
-    policy = ModelPolicy(sampler, tokenizer, temperature=float(rc.temperature),
-                         top_p=float(rc.top_p), seed=seed, name=stage)
-    # turns and tokens end the episodes; the wall-clock cap is far above need (a loaded machine
-    # never changes an evaluation)
-    budgets = policy.budgets(int(rc.max_output_tokens), max_turns=int(rc.max_turns),
-                             context=int(rc.get("context", 0)), summarise_at_tokens=None,
-                             wall_time_s=float(rc.get("wall_time_s", 1800.0)))
+    loaded = checkpoints.load_stage(run_dir, stage, step)
     t0 = time.monotonic()
-    try:
-        summary = evaluation.evaluate({stage: policy}, tasks, k=int(rc.k), workdir=out_dir,
-                                      concurrency=int(rc.concurrency), budgets=budgets, seed=seed,
-                                      progress=False, system_prompt=system_prompt)[stage]
-    finally:
-        sampler.close()
+    summary = evaluate_job.evaluate_loaded(loaded, tasks, report_config, workdir=out_dir, seed=seed,
+                                           name=stage)
     data = {"stage": stage, "retained_step": step, "eval_s": time.monotonic() - t0,
             "settings": settings, **summary}
     _write(cached, json.dumps(data, indent=1, sort_keys=True, default=str))

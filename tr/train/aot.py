@@ -24,7 +24,8 @@ per chip; `v5e-64`/`v5litepod-64` and `v6e-N` count chips), explicit shapes (`v5
 
 The config interface (what a recipe config provides; LAYOUT.md lists it too):
 
-    config.model               a named size (tr/models/config.py), actor and critic
+    config.model               a named size (tr/models/config.py), actor and critic, or
+                               {name, overrides}
     config.pod                 tr.train.pod.pod_config(...): mesh, axis_rules, remat
     config.train               tr.train.steps.default_config() (optimizers, ppo/grpo, chunking)
     config.shapes.<update>     for each update the config runs (sft, critic, ppo, grpo):
@@ -163,6 +164,13 @@ def _field(section: Any, name: str, where: str) -> int:
     return value
 
 
+def _model_config(config: ml_collections.ConfigDict):
+    """`config.model` (a size's name, or `{name, overrides}`) with the pod's overrides."""
+    model = config.model
+    name, overrides = (model, {}) if isinstance(model, str) else (model.name, dict(model.overrides))
+    return get_model_config(name, **{**overrides, **pod.model_overrides(config.pod)})
+
+
 def planned_steps(config: ml_collections.ConfigDict) -> dict[str, dict[str, int]]:
     """`{step name: shapes}` for every step `config.shapes` names, checked field by field."""
     for field in ("model", "pod", "train", "shapes"):
@@ -211,7 +219,7 @@ def _batch(names, rows: int, length: int, mesh) -> dict[str, jax.ShapeDtypeStruc
 def lower_steps(config: ml_collections.ConfigDict, devices: list[Any]) -> dict[str, Callable[[], Any]]:
     """`{step name: thunk}`; each thunk lowers that step for `devices`: `(Lowered, abstract inputs)`."""
     plan = planned_steps(config)
-    model_config = get_model_config(config.model, **pod.model_overrides(config.pod))
+    model_config = _model_config(config)
     mesh = pod.make_mesh(config.pod, devices)
     rules = pod.axis_rules(config.pod)
     needs_critic = any(name in plan for name in ("critic", "ppo"))
