@@ -186,7 +186,7 @@ def validate(config) -> dict:
     from tr.models.config import get_model_config  # pylint: disable=g-import-not-at-top
     model = dict(shared.get("model", {}))
     if not model.get("name"):     # inherited from Base's manifest: the embedded model
-        from tr.stages import embedded  # pylint: disable=g-import-not-at-top
+        from tr.models import embedded  # pylint: disable=g-import-not-at-top
         model = {"name": embedded.MODEL, "overrides": {}}
     try:
         model_config = get_model_config(model["name"], **dict(model.get("overrides", {})))
@@ -256,7 +256,7 @@ def run_stages(entries, shared, run_dir: pathlib.Path) -> dict:
 def stage_graph(run_dir: pathlib.Path, stage: str):
     """(ModelConfig, tokenizer, system prompt | None) a stage's manifest records."""
     from tr.models.config import get_model_config  # pylint: disable=g-import-not-at-top
-    from tr.stages import embedded  # pylint: disable=g-import-not-at-top
+    from tr.models import embedded  # pylint: disable=g-import-not-at-top
 
     manifest = json.loads((run_dir / stage / "stage.json").read_text())
     config = manifest.get("config") or {}
