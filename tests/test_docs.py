@@ -9,6 +9,8 @@ import pathlib
 import re
 import subprocess
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
@@ -41,6 +43,8 @@ def broken_links(root: pathlib.Path, files: list[str]) -> list[str]:
 
 
 def test_every_relative_link_and_image_resolves():
+    if not (ROOT / ".git").exists():
+        pytest.skip(f"{ROOT} is not a git checkout: no list of tracked files")
     files = markdown_files(ROOT)
     assert "README.md" in files and len(files) > 10, files
     bad = broken_links(ROOT, files)
