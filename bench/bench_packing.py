@@ -1,7 +1,7 @@
 """Benchmark: one RPR update batch (targets + `epochs x mini_batches` PPO updates) with one episode
 per padded row against episodes packed several to a row (`arrays.pack_multiple`), same process.
 
-The model is the gym's (`tr.stages.embedded.MODEL`, the embedded default's size; random weights:
+The model is the gym's (`tr.models.embedded.MODEL`, the embedded default's size; random weights:
 time does not depend on them). The episodes are a run's own rollouts (`--records`, JSONL shards
 such as RUN/rpr1/rollouts/*.jsonl) or, without them, synthetic gym-like episodes of 1-5 turns and
 --min-tokens..--max-tokens tokens. Prints the median seconds per batch of each layout (after one
@@ -31,7 +31,8 @@ from tr.agent.records import EpisodeRecord, EpisodeStatus, Segment, read_shard  
 from tr.models.config import get_model_config  # noqa: E402
 from tr.models.critic import CriticModel  # noqa: E402
 from tr.models.decoder import Decoder  # noqa: E402
-from tr.stages import common, embedded  # noqa: E402
+from tr.models import embedded  # noqa: E402
+from tr.stages import common  # noqa: E402
 from tr.train import steps as steps_lib  # noqa: E402
 from tr.train.compile import run_epochs  # noqa: E402
 from tr.train.state import create_train_state  # noqa: E402

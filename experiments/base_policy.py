@@ -7,7 +7,7 @@ Demos of the gym's `train` split (clean, mistake-then-repair, truncated), a fixe
 checkpoint whose `val` Pass@1 is closest to `select.target` kept as stage `base` (kind sft, actor
 only) of WORKDIR's stage store; WORKDIR/base.json holds val/test Pass@1 (test by family and tier)
 and wall_s; WORKDIR/base-test.txt the test table.  Model, tokenizer and system prompt: the
-embedded default (tr/stages/embedded.py), recorded in the stage manifest.  The settings are
+embedded default (tr/models/embedded.py), recorded in the stage manifest.  The settings are
 `tr.stages.base.defaults(variant)`, shared with the pipeline's stage kind `base`.
 
 Variants: `default`, `fast` (about half the cost), `quick` (end to end in well under a minute: a smoke test, not a Base), `smoke`.

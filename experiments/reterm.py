@@ -51,8 +51,8 @@ def get_config(variant: str = "default"):
     c.job = "reterm"
     c.variant = variant
     c.seed = 0
-    c.model = "gym"                                   # tr/stages/embedded.py
-    c.tokenizer = "tr/stages/gym_tokenizer.json"
+    c.model = "gym"                                   # tr/models/embedded.py
+    c.tokenizer = "tr/models/assets/gym_tokenizer.json"
     c.concurrency = 16
     # stage `base`: the gym Base SFT (stage kind `base`, tr.stages.base.defaults(variant));
     # `overrides` holds its sections' fields to change (demos / sft / eval / select)

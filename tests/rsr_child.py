@@ -34,7 +34,8 @@ def train_parent(run_dir: pathlib.Path, tasks: int, steps: int, seed: int = 0) -
     from tr.models.config import get_model_config
     from tr.models.critic import CriticModel
     from tr.models.decoder import Decoder
-    from tr.stages import base, embedded
+    from tr.models import embedded
+    from tr.stages import base
     from tr.train.checkpoint import StageStore
     from tr.train.compile import build_steps
     from tr.train.model_fns import nnx_model_fns
@@ -85,7 +86,8 @@ def demo_sequences(count: int, tokenizer, seed: int) -> list:
     from tr.agent.rollout import RolloutConfig, run_rollouts
     from tr.agent.transcript import ChatLayout
     from tr.envs import gym
-    from tr.stages import base, embedded
+    from tr.models import embedded
+    from tr.stages import base
 
     tasks = gym.split_tasks("train", count)
     specs, plans = [], {}

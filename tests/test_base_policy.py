@@ -1,7 +1,8 @@
 """The Base policy job (tr/stages/base.py, experiments/base_policy.py) and the embedded default
-(tr/stages/embedded.py): selection, demo mixture, the shipped tokenizer, and the quick variant run
+(tr/models/embedded.py; its assets made by tr/stages/embedded.py): selection, demo mixture, the shipped tokenizer, and the quick variant run
 end to end through experiments/main.py (real sandboxes, real SFT, a real stage store)."""
 
+import hashlib
 import json
 import os
 import pathlib
@@ -13,9 +14,32 @@ import pytest
 
 from tr.agent import runbook as rb
 from tr.envs import gym
-from tr.stages import base, embedded
+from tr.models import embedded
+from tr.stages import base
+from tr.stages import embedded as make_assets
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_paths_recorded_before_the_assets_moved_still_load():
+    """Runs before the move recorded `tr/stages/<file>` in manifests and configs: those still load
+    the same files, and a pin made today names today's path."""
+    old_tok, old_init = "tr/stages/gym_tokenizer.json", "tr/stages/gym_init.safetensors"
+    assert embedded.canonical(old_tok) == embedded.TOKENIZER == "tr/models/assets/gym_tokenizer.json"
+    assert embedded.canonical("tr/stages/gym_tokenizer_words.json") == embedded.WORDS_TOKENIZER
+    assert embedded.canonical("elsewhere/tokenizer.json") == "elsewhere/tokenizer.json"
+    pinned = embedded.pin_tokenizer(embedded.TOKENIZER)
+    assert pinned.startswith(embedded.TOKENIZER + "#sha256=")
+    assert embedded.pin_tokenizer(old_tok) == pinned
+    pinned_old = old_tok + pinned[len(embedded.TOKENIZER):]
+    text = "THOUGHT: Next step.\nCOMMAND:\n```bash\ncp /app/data/a.txt /app/keep/\n```"
+    want = embedded.load_tokenizer().encode(text)
+    for spec in (old_tok, pinned_old):
+        assert embedded.load_tokenizer(spec).encode(text) == want, spec
+    manifest = {"stage": "base", "config": {"model": "gym", "tokenizer": pinned_old}}
+    assert embedded.from_manifest(manifest)[1].encode(text) == want
+    shipped = hashlib.sha256(embedded.INIT_FILE.read_bytes()).hexdigest()
+    assert embedded.file_digest(old_init) == embedded.file_digest(embedded.INIT) == shipped
 
 
 def _eval(step, p, fams):
@@ -57,9 +81,9 @@ def test_demo_plans_mix_clean_mistake_truncated_and_runbook(tmp_path, monkeypatc
 
 def test_shipped_tokenizer_is_rebuilt_identically_and_round_trips(tmp_path, monkeypatch):
     monkeypatch.setenv("TR_GYM_DIR", str(tmp_path / "gym"))
-    rebuilt = embedded.train_tokenizer(tmp_path / "tokenizer.json")
+    rebuilt = make_assets.train_tokenizer(tmp_path / "tokenizer.json")
     assert rebuilt.read_text() == embedded.TOKENIZER_FILE.read_text()
-    words = embedded.train_tokenizer(tmp_path / "words.json", words=True)
+    words = make_assets.train_tokenizer(tmp_path / "words.json", words=True)
     assert words.read_text() == embedded.WORDS_TOKENIZER_FILE.read_text()
     wtok = embedded.load_tokenizer(embedded.WORDS_TOKENIZER)
     piece = lambda s: [wtok.decode([i]) for i in wtok.encode(s)]
@@ -72,7 +96,7 @@ def test_shipped_tokenizer_is_rebuilt_identically_and_round_trips(tmp_path, monk
     text = "THOUGHT: x\nCOMMAND:\n```bash\ncp -f snap/notes.12 notes.txt <|im_end|> é\n```"
     ids = tok.encode(text)
     assert tok.decode(ids) == text and tok.eos_id not in ids      # specials never come from text
-    sizes = embedded.measure(n_per_family=2)
+    sizes = make_assets.measure(n_per_family=2)
     assert sizes["bpe"]["episode_tokens"] < sizes["byte"]["episode_tokens"] / 1.5
 
 
@@ -320,7 +344,7 @@ def test_shipped_init_copies_in_context_and_pretrain_rewrites_it(tmp_path):
     shipped_loss = _copy_loss(shipped, steps_lib.nnx_model_fns(shipped).actor_params, tok)
     assert random_loss > 5.0 and shipped_loss < 1.5, (random_loss, shipped_loss)
 
-    stats = embedded.pretrain(tmp_path / "init.safetensors", steps=2, seed=1)
+    stats = make_assets.pretrain(tmp_path / "init.safetensors", steps=2, seed=1)
     assert stats["steps"] == 2 and stats["sha256"] == embedded.file_digest(str(tmp_path / "init.safetensors"))
     again = embedded.load_init(fresh(), str(tmp_path / "init.safetensors"))
     written = steps_lib.nnx_model_fns(again).actor_params

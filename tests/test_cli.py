@@ -23,7 +23,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tr.agent.records import read_shard  # noqa: E402  pylint: disable=wrong-import-position
-from tr.stages import checkpoints, embedded, handoff  # noqa: E402  pylint: disable=wrong-import-position
+from tr.models import embedded  # noqa: E402  pylint: disable=wrong-import-position
+from tr.stages import checkpoints, handoff  # noqa: E402  pylint: disable=wrong-import-position
 
 # PYTHONPATH: `python -m tr` from any folder, as an installed `termrl` would run
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu",

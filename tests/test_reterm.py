@@ -224,7 +224,7 @@ def test_plain_rows_mix_the_stated_share(tmp_path, monkeypatch):
     sandboxes), clean or mistake-then-repair, each within sft.length, loss on the teacher's
     actions only; with the recovery rows they make the stated share."""
     from tr.envs import gym
-    from tr.stages import embedded
+    from tr.models import embedded
 
     monkeypatch.setenv("TR_GYM_DIR", str(tmp_path / "gym"))
     tok = embedded.load_tokenizer()
@@ -285,7 +285,7 @@ def test_a_policy_samples_by_its_seed_not_by_what_ran_before():
 
     from tr.agent.harness import GenerationRequest
     from tr.models.decoder import Decoder
-    from tr.stages import embedded
+    from tr.models import embedded
 
     model = embedded.load_init(Decoder(embedded.model_config(), rngs=nnx.Rngs(0)), embedded.INIT)
     tokenizer = embedded.load_tokenizer()

@@ -52,7 +52,7 @@ def test_rsr_rewrites_successes_and_trains_on_plain_prompts(reference):
     manifest = json.loads((run / "rsr-1" / "stage.json").read_text())
     assert manifest["kind"] == "rsr" and manifest["finished_step"] == rsr["updates"]
     # Hand-off: the parent's BPE tokenizer and system prompt, recorded.
-    assert manifest["config"]["tokenizer"] == "tr/stages/gym_tokenizer.json"
+    assert manifest["config"]["tokenizer"] == "tr/models/assets/gym_tokenizer.json"
     prompt = manifest["config"]["system_prompt"]
     assert prompt.startswith("Shell agent in /app.")
 

@@ -194,7 +194,7 @@ def test_replay_then_plain_prompt_on_a_real_episode(tasks):
     from tr.agent.policies import ScriptedPolicy
     from tr.agent.rollout import RolloutConfig, group_specs, run_rollouts
     from tr.agent.transcript import ChatLayout
-    from tr.stages import embedded
+    from tr.models import embedded
 
     task = tasks["follow-pointer"]
     runbook = rb.CommandListPlanner().plan(task, [rb.Step(c, "", 0)

@@ -14,7 +14,8 @@ import ml_collections
 import pytest
 
 from tr.agent.harness import SYSTEM_PROMPT as HARNESS_PROMPT
-from tr.stages import common, embedded
+from tr.models import embedded
+from tr.stages import common
 from tr.stages.registry import ConfigError
 
 SMALL = dict(n_layers=1, d_model=32, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)

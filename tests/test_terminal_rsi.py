@@ -331,7 +331,8 @@ def test_stage_rollouts_use_the_configured_context():
     last observation too: 592-594 and 1,094-1,116 tokens on 2 Dec)."""
     import ml_collections
 
-    from tr.stages import common, embedded
+    from tr.models import embedded
+    from tr.stages import common
 
     models = common.build_models(ml_collections.ConfigDict({"name": embedded.MODEL}),
                                  tokenizer=embedded.TOKENIZER,

@@ -121,7 +121,7 @@ _NAMED: dict[str, dict[str, Any]] = {
     # CPU tests and the embedded default: byte tokenizer (256 bytes + specials) in a 512 vocab, ~3.3M params.
     "tiny": dict(vocab_size=512, d_model=256, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=64,
                  d_ff=768, max_seq_len=4096),
-    # The gym's embedded default (tr/stages/embedded.py): the tiny shape at half width, a 1,024-id
+    # The gym's embedded default (tr/models/embedded.py): the tiny shape at half width, a 1,024-id
     # BPE vocabulary trained on gym text, ~0.9M parameters; layers unrolled (on CPU its SFT step
     # compiles 2.5x and runs ~1.8x faster than the scanned form); attention in blocks of 128
     # queries (8 x 1,024-token rows on 2 cores: an SFT step 3.7 -> 2.1 s, a PPO step 8.4 -> 4.5 s).

@@ -6,7 +6,7 @@
               its commands after the instruction, as RSR's replays see a task); each demo's
               actions are SFT targets, except a mistake demo's wrong first action (context only,
               unless `demos.learn_mistakes`)
-    init      the embedded model (`tr.stages.embedded`) from `init`: the shipped weights that
+    init      the embedded model (`tr.models.embedded`) from `init`: the shipped weights that
               already copy names and numbers in context (300 updates of `copy_batches`, made once by
               `python -m tr.stages.embedded pretrain`), or "" for a random init then
               `copy.steps` copy updates in the run
@@ -38,7 +38,7 @@ import numpy as np
 
 from tr.agent.harness import format_action
 from tr.agent.transcript import Generation
-from tr.stages import embedded
+from tr.models import embedded
 from tr.stages.registry import ConfigError
 
 
@@ -338,11 +338,11 @@ def defaults(variant: str = "default"):
     config = ml_collections.ConfigDict()
     config.seed = 0
     config.stage = "base"
-    config.model = embedded.MODEL                         # tr/stages/embedded.py
+    config.model = embedded.MODEL                         # tr/models/embedded.py
     config.tokenizer = embedded.TOKENIZER                 # or "byte"
     config.system_prompt = embedded.SYSTEM_PROMPT         # demos, evaluation, the manifest
     # Initial weights (a safetensors file of `model`; "" = random init from `seed`): the shipped
-    # copy-pretrained init (tr/stages/embedded.py), so the run's budget goes to the demos.
+    # copy-pretrained init (tr/models/assets/gym_init.safetensors), so the run's budget goes to the demos.
     config.init = embedded.INIT
     config.concurrency = 16                               # sandboxes at once = sampler batch
     config.demos = ml_collections.ConfigDict()
@@ -425,7 +425,7 @@ def _check(config) -> None:
     if not 0 <= config.copy.rows < config.sft.batch:
         raise ConfigError(f"config.copy.rows = {config.copy.rows} must be >= 0 and < "
                           f"config.sft.batch = {config.sft.batch} (rows of demos are needed)")
-    if config.init == embedded.INIT and config.model != embedded.MODEL:
+    if embedded.canonical(config.init) == embedded.INIT and config.model != embedded.MODEL:
         raise ConfigError(f"config.init {config.init!r} holds weights of model {embedded.MODEL!r}, "
                           f"not {config.model!r}: set config.init='' (random init) or a file of "
                           "that model")

@@ -29,7 +29,8 @@ import pathlib
 import shutil
 from typing import Any
 
-from tr.stages import common, embedded
+from tr.models import embedded
+from tr.stages import common
 from tr.stages.registry import ConfigError
 
 HF_PREFIX = "hf:"

@@ -26,6 +26,7 @@ import numpy as np
 from tr.agent import evaluation
 from tr.agent.records import EpisodeRecord, episode_to_sequences, read_shard, write_shard
 from tr.agent.rollout import RolloutConfig, group_specs, run_rollouts
+from tr.models import embedded
 from tr.stages.registry import ConfigError  # noqa: F401  (re-exported for the stage kinds)
 
 SPLITS = ("train", "val", "test")
@@ -138,7 +139,7 @@ def parent_model(manifest: dict) -> tuple[dict, str, str]:
     """`({name, overrides}, tokenizer spec, system prompt)` a stage manifest records.
 
     A stage of the loop records `config.model` as `{name, overrides}`; the gym's Base
-    (`tr.stages.base`, `tr.stages.embedded.manifest_config`) as the size's name. A manifest without
+    (`tr.stages.base`, `tr.models.embedded.manifest_config`) as the size's name. A manifest without
     a tokenizer or system prompt is an older byte-tokenizer stage: the fallbacks.
     """
     from tr.agent.harness import SYSTEM_PROMPT  # pylint: disable=g-import-not-at-top
@@ -185,7 +186,9 @@ def inherit_from_parent(config, run_dir) -> ml_collections.ConfigDict:
     if config.critic_from and config.critic_from not in ("fresh", config.actor_from):
         critic_model, critic_tokenizer, _ = parent_model(manifest_of(config.critic_from))
         mine = {"name": config.model.name, "overrides": dict(config.model.overrides)}
-        if (critic_model, critic_tokenizer) != (mine, config.tokenizer):
+        # canonical: a stage run before the embedded assets moved recorded tr/stages/<file>
+        if (critic_model, embedded.canonical(critic_tokenizer)) != (
+                mine, embedded.canonical(config.tokenizer)):
             raise ConfigError(f"stage {config.name!r}: critic_from={config.critic_from!r} has model "
                               f"{critic_model} / tokenizer {critic_tokenizer!r}, the stage "
                               f"{mine} / {config.tokenizer!r}")
@@ -204,7 +207,6 @@ def build_models(model_config, *, seed: int = 0, chunk_size: int = 1024,
     from tr.models.critic import CriticModel  # pylint: disable=g-import-not-at-top
     from tr.models.decoder import Decoder  # pylint: disable=g-import-not-at-top
     from tr.models.tokenizer import ByteTokenizer  # pylint: disable=g-import-not-at-top
-    from tr.stages import embedded  # pylint: disable=g-import-not-at-top
     from tr.train.model_fns import nnx_model_fns  # pylint: disable=g-import-not-at-top
 
     overrides = dict(model_config.overrides) if "overrides" in model_config else {}

@@ -3,7 +3,7 @@
 Three pipeline stage kinds (`tr.stages.registry.STAGE_KINDS`), each `run(stage_config, run_dir)`
 over the run's stage store (actor only, no critic; resumable; `summary.json` with the step
 retained on `val`).  The model, tokenizer and system prompt come from the `actor_from` stage's
-manifest (`tr.stages.embedded.from_manifest`) and are recorded in the stage's own manifest:
+manifest (`tr.models.embedded.from_manifest`) and are recorded in the stage's own manifest:
 
     reterm_sft   data: the parent actor attempts `train` tasks N times (pre-verifier snapshots);
                  each failure is continued by the teacher (embedded: inspect + gym repair; or an
@@ -43,7 +43,7 @@ import time
 import ml_collections
 import numpy as np
 
-from tr.stages import embedded
+from tr.models import embedded
 from tr.stages.registry import ConfigError
 
 ARMS = ("base", "sft", "grpo", "reterm_grpo")
@@ -85,7 +85,7 @@ def defaults(kind: str) -> ml_collections.ConfigDict:
         # budgets (a text policy, not bound to the sampler); judge_url: the optional LLM judge
         # of flagged recoveries (compliance, efficiency), else a flag rejects
         # thoughts (embedded teacher): "student" = the embedded model's own THOUGHT phrases
-        # (tr/stages/embedded.py), so SFT teaches the recovery commands, not a new prose;
+        # (tr/models/embedded.py), so SFT teaches the recovery commands, not a new prose;
         # "teacher" = the teacher's descriptive ones (`recovery.EmbeddedTeacher.DEFAULT_THOUGHTS`)
         c.teacher = {"kind": "embedded", "thoughts": "student", "base_url": "", "model": "",
                      "max_turns": 8,

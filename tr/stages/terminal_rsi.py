@@ -187,7 +187,7 @@ def validate(config) -> dict:
     from tr.models.config import get_model_config  # pylint: disable=g-import-not-at-top
     model = dict(shared.get("model", {}))
     if not model.get("name"):     # inherited from Base's manifest: the embedded model
-        from tr.stages import embedded  # pylint: disable=g-import-not-at-top
+        from tr.models import embedded  # pylint: disable=g-import-not-at-top
         model = {"name": embedded.MODEL, "overrides": {}}
     try:
         model_config = get_model_config(model["name"], **dict(model.get("overrides", {})))

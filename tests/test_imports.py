@@ -1,0 +1,195 @@
+"""The import graph of `tr/` as LAYOUT.md draws it: no circle between modules, imports downward.
+
+Every `tr/**/*.py` is parsed with `ast` (nothing is imported); every `import tr...` and
+`from tr... import ...` counts, the ones inside functions included (a lazy import hides an edge
+from the reader, not from the graph). `from tr.a import b` is an edge to `tr.a.b` when that is a
+module, else to `tr.a`; relative imports are resolved against the importing module's package.
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# Which rooms (tr/<room>/) each room may import (itself always). LAYOUT.md, "Imports run downward".
+ALLOWED_ROOMS = {
+        "rl": {"rewards"},                  # pure maths on arrays; rl and rewards share types only
+        "rewards": {"rl"},
+        "models": set(),                    # no shells, tasks, sampling or training
+        "sampling": {"models"},
+        "envs": set(),                      # sandboxes, tasks, verifier, gym: no JAX, no models
+        "agent": {"envs", "models", "sampling"},
+        "data": {"agent"},
+        "train": {"rl", "models"},
+        "stages": {"rl", "rewards", "models", "sampling", "envs", "agent", "data", "train"},
+}
+# Outside libraries a room must not import (the module's top-level package name).
+FORBIDDEN_LIBRARIES = {
+        "envs": {"jax", "jaxlib", "flax", "optax", "orbax", "chex"},
+        "rewards": {"flax", "optax", "orbax"},
+        "rl": {"flax", "orbax"},
+}
+# Who may import tr.stages from outside it: the entry point, and experiment configs and benchmarks
+# that take a job's own defaults or helpers (reason given for each).
+STAGES_IMPORTERS = {
+        "experiments/main.py": "the entry point: resolves the config's job (tr.stages.registry)",
+        "experiments/base_policy.py": "the Base job's settings are tr.stages.base.defaults",
+        "experiments/terminal_rsi.py": "the ablation's arms and factors (tr.stages.terminal_rsi)",
+        "bench/bench_packing.py": "benchmarks tr.stages.common.training_arrays itself",
+        "bench/probe_recovery.py": "a probe of the ReTerm stage's recovery rollouts",
+}
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def tr_modules() -> dict[str, pathlib.Path]:
+    return {module_name(p): p for p in sorted((ROOT / "tr").rglob("*.py"))}
+
+
+def imports_of(path: pathlib.Path, name: str, modules) -> tuple[set[str], set[str]]:
+    """(the `tr` modules `path` imports, the top-level names of the other libraries it imports)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    inner, outer = set(), set()
+
+    def add(target: str) -> None:
+        if target == "tr" or target.startswith("tr."):
+            inner.add(target)
+        else:
+            outer.add(target.split(".")[0])
+
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module
+            if source == "tr" or source.startswith("tr."):
+                for alias in node.names:
+                    full = f"{source}.{alias.name}"
+                    inner.add(full if full in modules else source)
+            else:
+                add(source)
+    return inner, outer
+
+
+def import_graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    modules = tr_modules()
+    graph, libraries = {}, {}
+    for name, path in modules.items():
+        inner, outer = imports_of(path, name, modules)
+        missing = {m for m in inner if m not in modules}
+        assert not missing, f"{path.relative_to(ROOT)} imports {sorted(missing)}, not modules of tr/"
+        graph[name], libraries[name] = inner - {name}, outer
+    return graph, libraries
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, on_stack, stack, out, counter = {}, {}, set(), [], [], [0]
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter[0]
+        counter[0] += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter[0]
+                    counter[0] += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+    return out
+
+
+def room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_no_import_circle_in_tr():
+    graph, _ = import_graph()
+    assert len(graph) > 100, "tr/ should have well over 100 modules"
+    found = circles(graph)
+    assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_rooms_import_downward_only():
+    graph, libraries = import_graph()
+    bad = []
+    for module, targets in sorted(graph.items()):
+        mine = room(module)
+        if mine not in ALLOWED_ROOMS:
+            assert not targets, f"{module} (outside every room) imports {sorted(targets)}"
+            continue
+        for target in sorted(targets):
+            theirs = room(target)
+            if theirs != mine and theirs not in ALLOWED_ROOMS[mine]:
+                bad.append(f"{module} -> {target} ({mine}/ may import {sorted(ALLOWED_ROOMS[mine])})")
+        for library in sorted(libraries[module] & FORBIDDEN_LIBRARIES.get(mine, set())):
+            bad.append(f"{module} imports {library} ({mine}/ must not)")
+    assert set(ALLOWED_ROOMS) == {room(m) for m in graph if room(m)}, "a room is missing a rule"
+    assert not bad, "imports against LAYOUT.md's layers:\n" + "\n".join(bad)
+
+
+def test_only_the_entry_points_import_stages():
+    files = sorted(p for folder in ("experiments", "bench", "launch")
+                   for p in (ROOT / folder).rglob("*.py"))
+    found, modules = set(), tr_modules()
+    for path in files:
+        inner, _ = imports_of(path, "outside", modules)
+        if any(m == "tr.stages" or m.startswith("tr.stages.") for m in inner):
+            found.add(path.relative_to(ROOT).as_posix())
+    assert found <= set(STAGES_IMPORTERS), f"import tr.stages without a stated reason: " \
+                                          f"{sorted(found - set(STAGES_IMPORTERS))}"
+    assert "experiments/main.py" in found
+
+
+@pytest.mark.parametrize("edges, want", [
+    ({"a": {"b"}, "b": {"c"}, "c": set()}, []),
+    ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}, [["a", "b", "c"]]),
+    ({"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"c"}}, [["a", "b"], ["c", "d"]]),
+])
+def test_the_circle_finder_against_hand_made_graphs(edges, want):
+    assert sorted(circles(edges)) == want
+
+
+def test_a_function_level_and_a_relative_import_are_edges(tmp_path):
+    modules = {"tr.x.a": None, "tr.x.b": None, "tr.y": None}
+    source = tmp_path / "a.py"
+    source.write_text("import os\n\ndef f():\n    from tr.y import thing\n    from . import b\n"
+                      "    import numpy.linalg\n")
+    inner, outer = imports_of(source, "tr.x.a", modules)
+    assert inner == {"tr.y", "tr.x.b"} and outer == {"os", "numpy"}
