@@ -29,7 +29,7 @@ from tr.stages import checkpoints, handoff  # noqa: E402  pylint: disable=wrong-
 # PYTHONPATH: `python -m tr` from any folder, as an installed `termrl` would run
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu",
        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-SUBCOMMANDS = ("run", "eval", "serve", "export", "tasks", "gym", "aot")
+SUBCOMMANDS = ("run", "eval", "serve", "export", "tasks", "gym", "rollout", "aot")
 # a small evaluation: 2 gym test tasks, 2 attempts, 1 turn of at most 16 tokens
 SMALL_EVAL = ("--tasks", "gym:test", "--count", "2", "--k", "2", "--max-turns", "1",
               "--max-output-tokens", "16", "--concurrency", "2")
@@ -190,7 +190,7 @@ def test_mismatches_are_refused_by_name(stage, exported, tmp_path):
 
 
 def test_rollout_checkpoint_of_another_size_is_refused_by_name(stage):
-    result = subprocess.run([sys.executable, "-m", "tr.agent.rollout", "--checkpoint", str(stage),
+    result = subprocess.run([sys.executable, "-m", "tr", "rollout", "--checkpoint", str(stage),
                              "--policy", "tiny", "--out", "/tmp/never.jsonl"], cwd=ROOT, env=ENV,
                             capture_output=True, text=True, timeout=300)
     assert_one_line_error(result, "holds model 'gym'", "'tiny'")

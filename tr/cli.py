@@ -236,7 +236,9 @@ def cmd_export(args) -> int:
 PASSTHROUGH = {"tasks": ("tr.envs.tasks.__main__", "validate, verify and list task directories "
                          "(python -m tr.envs.tasks)"),
                "gym": ("tr.envs.gym.__main__", "write gym instances as task directories, list the "
-                       "families (python -m tr.envs.gym)")}
+                       "families (python -m tr.envs.gym)"),
+               "rollout": ("tr.agent.rollout", "roll a policy or a checkpoint out over a task "
+                           "suite into a record shard (python -m tr.agent.rollout)")}
 
 
 def build_parser() -> Parser:
@@ -310,8 +312,20 @@ def passthrough(name: str, argv: list[str]) -> int:
     if name == "tasks":
         from tr.envs.tasks.__main__ import main as tasks_main  # pylint: disable=g-import-not-at-top
         return tasks_main(argv)
+    if name == "rollout":
+        from tr.agent.rollout import main as rollout_main  # pylint: disable=g-import-not-at-top
+        return rollout_main(argv, load_checkpoint=rollout_checkpoint)
     from tr.envs.gym.__main__ import main as gym_main  # pylint: disable=g-import-not-at-top
     return gym_main(argv)
+
+
+def rollout_checkpoint(spec: str, expect_model, concurrency: int, seed: int):
+    """`termrl rollout --checkpoint`: (a model policy over the checkpoint's own weights, tokenizer
+    and model config, its system prompt); a loader refusal is a ValueError."""
+    from tr.stages import checkpoints  # pylint: disable=g-import-not-at-top
+    loaded = checkpoints.load(spec, expect_model=expect_model)  # CheckpointError is a ValueError
+    policy = checkpoints.model_policy(loaded, concurrency=concurrency, max_new_tokens=256, seed=seed)
+    return policy, loaded.system_prompt
 
 
 def load_experiment(config: str):

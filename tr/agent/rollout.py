@@ -403,8 +403,12 @@ def run_rollouts(
 # ----------------------------------------------------------------------------------------------
 # CLI: roll a policy out over a suite and write the records as a shard.
 
-def main(argv=None) -> int:
-    """``python -m tr.agent.rollout --policy scripted --group-size 4 --out DIR/shard-0.jsonl``."""
+def main(argv=None, *, load_checkpoint=None) -> int:
+    """``python -m tr.agent.rollout --policy scripted --group-size 4 --out DIR/shard-0.jsonl``.
+
+    ``load_checkpoint(spec, expect_model, concurrency, seed) -> (policy, system_prompt)`` is given
+    by ``termrl rollout`` (tr/cli.py): the checkpoint loader reads stage stores, a room above this
+    one, so the agent room never imports it; without it ``--checkpoint`` says to use termrl."""
     import argparse
 
     from tr.agent.policies import ScriptedPolicy, load_model_policy
@@ -453,18 +457,16 @@ def main(argv=None) -> int:
     if args.checkpoint:
         if args.policy == "scripted":
             p.error("--checkpoint loads a model: drop --policy scripted")
-        # the loader lives with the stages (it reads stage stores); only this CLI edge imports it
-        from tr.stages import checkpoints  # pylint: disable=g-import-not-at-top
-
+        if load_checkpoint is None:
+            p.error("--checkpoint: run it as `termrl rollout --checkpoint ...` (the checkpoint "
+                    "loader sits above the agent room)")
         try:
-            loaded = checkpoints.load(args.checkpoint, expect_model=args.policy)
-        except checkpoints.CheckpointError as exc:
+            policy, system_prompt = load_checkpoint(args.checkpoint, args.policy,
+                                                    args.concurrency, args.seed)
+        except ValueError as exc:
             print(f"error: --checkpoint: {' '.join(str(exc).split())}", file=sys.stderr)
             return 2
-        policy = checkpoints.model_policy(loaded, concurrency=args.concurrency, max_new_tokens=256,
-                                          seed=args.seed)
         layout, budgets = policy.layout, policy.budgets(256, max_turns=args.max_turns)
-        system_prompt = loaded.system_prompt
     elif args.policy in (None, "scripted"):
         from tr.models.tokenizer import ByteTokenizer
 
