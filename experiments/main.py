@@ -65,8 +65,17 @@ class _Terminated(SystemExit):
     """SIGTERM's exit, once the stages' `finally` blocks have run (`main` ends the process)."""
 
 
+def quiet_third_party_logs() -> None:
+    """Python and absl logging at WARNING unless `--verbosity` was given: at INFO, Orbax's
+    checkpoint chatter (and JAX's backend probing) is most of a run's log.  The run's own progress
+    lines are written to stderr directly and stay."""
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
+
+
 def main(argv):
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    quiet_third_party_logs()
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     config = load_config()
@@ -94,7 +103,7 @@ def main(argv):
         (workdir / "config.json").write_text(config.to_json_best_effort(indent=2, sort_keys=True))
     try:
         run = registry.resolve(config.job)
-        logging.info("job %s -> %s", config.job, workdir)
+        sys.stderr.write(f"job {config.job} -> {workdir}\n")
         run(config, workdir)
     except registry.ConfigError as error:
         sys.stderr.write(f"error: {error}\n")

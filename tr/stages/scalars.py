@@ -1,0 +1,103 @@
+"""A stage's scalars for dashboards: TensorBoard event files beside its `metrics.jsonl`, and
+Weights & Biases when asked for.
+
+Every number in a metrics line becomes a scalar under the line's own name, nested objects joined
+with `/` (`{"rollouts": {"pass_rate": 0.5}}` -> `rollouts/pass_rate`, `actor/loss` stays
+`actor/loss`), at the line's `step`; strings, booleans, lists and nulls are not scalars.  The event
+files live in the stage folder, so `tensorboard --logdir RUN` shows one TensorBoard run per stage.
+
+A resumed stage passes `purge_step` (the first step it will write again): TensorBoard then drops the
+earlier files' events at or past it, as `metrics.jsonl` drops its lines.
+
+W&B: set `TR_WANDB_PROJECT` (and optionally `TR_WANDB_ENTITY`) to also log each line to a W&B run
+named after the stage folder (`RUN/STAGE`); `wandb` is then imported, so install it first.  Unset,
+nothing of W&B is touched.  Writing here is file I/O only: no random numbers, nothing a run
+computes depends on it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pathlib
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+
+from tensorboardX import SummaryWriter
+
+WANDB_PROJECT_ENV = "TR_WANDB_PROJECT"
+WANDB_ENTITY_ENV = "TR_WANDB_ENTITY"
+
+
+def flatten_scalars(line: Mapping, prefix: str = "") -> dict[str, float]:
+    """The numbers of a metrics line by name (nested keys joined with `/`), `step` excluded."""
+    out: dict[str, float] = {}
+    for key, value in line.items():
+        name = f"{prefix}{key}"
+        if not prefix and key == "step":
+            continue
+        if isinstance(value, Mapping):
+            out.update(flatten_scalars(value, f"{name}/"))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[name] = float(value)
+    return out
+
+
+class ScalarWriter:
+    """Writes metrics lines (each with an integer `step`) as TensorBoard scalars into `logdir`.
+
+    The event file is opened at the first :meth:`write` and flushed after each, so a killed run
+    loses nothing it logged; :meth:`close` (or garbage collection) ends its writer thread."""
+
+    def __init__(self, logdir: pathlib.Path, *, purge_step: int | None = None):
+        self.logdir = pathlib.Path(logdir)
+        self.purge_step = purge_step
+        self._writer: SummaryWriter | None = None
+        self._wandb = None
+        self._finalizer = None
+
+    def _open(self) -> SummaryWriter:
+        if self._writer is None:
+            # tensorboardX names a file by the second it opened it; the nanosecond suffix keeps two
+            # writers of one second (a resume right after a kill) from overwriting each other, and
+            # keeps the names in time order, the order TensorBoard reads (and purges) them in.
+            self._writer = SummaryWriter(str(self.logdir), purge_step=self.purge_step,
+                                         filename_suffix=f".{time.time_ns()}")
+            self._finalizer = weakref.finalize(self, self._writer.close)
+            if os.environ.get(WANDB_PROJECT_ENV):
+                self._wandb = _wandb_run(self.logdir)
+        return self._writer
+
+    def write(self, lines: Sequence[Mapping]) -> None:
+        if not lines:
+            return
+        writer = self._open()
+        for line in lines:
+            step = line.get("step")
+            if not isinstance(step, int) or isinstance(step, bool):
+                raise ValueError(f"{self.logdir}: a metrics line needs an integer 'step', got {step!r}")
+            scalars = flatten_scalars(line)
+            for name, value in scalars.items():
+                writer.add_scalar(name, value, global_step=step)
+            if self._wandb is not None:
+                self._wandb.log({k: v for k, v in scalars.items() if math.isfinite(v)}, step=step)
+        writer.flush()
+
+    def close(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+
+def _wandb_run(logdir: pathlib.Path):
+    """A W&B run for one stage folder (only when `TR_WANDB_PROJECT` is set)."""
+    try:
+        import wandb  # pylint: disable=g-import-not-at-top  (optional: only when configured)
+    except ImportError:
+        raise RuntimeError(f"{WANDB_PROJECT_ENV} is set but the 'wandb' package is not installed: "
+                           f"pip install wandb, or unset {WANDB_PROJECT_ENV}") from None
+    return wandb.init(project=os.environ[WANDB_PROJECT_ENV], entity=os.environ.get(WANDB_ENTITY_ENV),
+                      name=f"{logdir.parent.name}/{logdir.name}", dir=str(logdir), reinit="create_new")
