@@ -19,7 +19,8 @@ is the one the official ``openai`` client relies on (tests/test_openai_server.py
   :class:`~tr.agent.policies.ModelPolicy`) samples at the values it was built with, so any other
   value is refused with 400; any other policy is a deterministic function of the request (its seed
   included), a point mass that temperature and nucleus filtering leave unchanged, so every valid
-  value is honoured.  Any other field is refused with 400 unless it has its neutral value
+  value is honoured.  ``user`` (an end-user id for abuse monitoring) is accepted and unused, as
+  it changes no reply.  Any other field is refused with 400 unless it has its neutral value
   (``presence_penalty=0``, ``logprobs=false``, ...).
 * ``metadata.task_id`` (and ``episode_id``, ``turn``, ``purpose``) reach the policy's request; a
   policy with ``check_request(req)`` (raises ValueError) has each request checked before batching,
