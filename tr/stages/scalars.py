@@ -17,6 +17,7 @@ computes depends on it.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import pathlib
@@ -25,6 +26,10 @@ import weakref
 from collections.abc import Mapping, Sequence
 
 from tensorboardX import SummaryWriter
+
+# A NaN is a legitimate scalar here (an explained variance with no variance to explain, SPEC);
+# tensorboardX would warn once per such value.
+logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)
 
 WANDB_PROJECT_ENV = "TR_WANDB_PROJECT"
 WANDB_ENTITY_ENV = "TR_WANDB_ENTITY"
