@@ -32,13 +32,27 @@ def test_event_files_hold_the_metrics_jsonl_scalars(tmp_path):
 def test_a_resumed_stage_replaces_the_steps_it_dropped(tmp_path):
     first = common.MetricsLog(tmp_path / "metrics.jsonl", stream=io.StringIO())
     first.write([line(0, 1, 1.0), line(1, 2, 2.0), line(2, 3, 3.0)])   # killed before saving it 2
-    first.close()
+    # (no close: a killed run closes nothing, so each write must already be on disk)
     resumed = common.MetricsLog(tmp_path / "metrics.jsonl", stream=io.StringIO())
     resumed.truncate(2)
     resumed.write([line(2, 3, 30.0), line(3, 4, 40.0)])
     resumed.close()
     got = read_scalars(tmp_path)
     assert got["actor/loss"] == {1: 1.0, 2: 2.0, 3: 30.0, 4: 40.0}
+    assert_same_scalars(got, expected_scalars(tmp_path / "metrics.jsonl"))
+
+
+def test_a_killed_run_loses_no_line_it_logged(tmp_path):
+    """Resumed past its last line (nothing dropped): the killed writer's events, never closed,
+    are all on disk, and the new file continues them."""
+    first = common.MetricsLog(tmp_path / "metrics.jsonl", stream=io.StringIO())
+    first.write([line(0, 1, 1.0)])
+    first.write([line(1, s, float(s)) for s in range(2, 6)])
+    resumed = common.MetricsLog(tmp_path / "metrics.jsonl", stream=io.StringIO())
+    resumed.truncate(2)
+    resumed.write([line(2, s, float(s)) for s in range(6, 10)])
+    got = read_scalars(tmp_path)
+    assert got["actor/loss"] == {s: float(s) for s in range(1, 10)}
     assert_same_scalars(got, expected_scalars(tmp_path / "metrics.jsonl"))
 
 

@@ -25,7 +25,9 @@ import time
 import weakref
 from collections.abc import Mapping, Sequence
 
-from tensorboardX import SummaryWriter
+from tensorboardX.event_file_writer import EventsWriter
+from tensorboardX.proto.event_pb2 import Event, SessionLog
+from tensorboardX.summary import scalar as scalar_summary
 
 # A NaN is a legitimate scalar here (an explained variance with no variance to explain, SPEC);
 # tensorboardX would warn once per such value.
@@ -52,42 +54,48 @@ def flatten_scalars(line: Mapping, prefix: str = "") -> dict[str, float]:
 class ScalarWriter:
     """Writes metrics lines (each with an integer `step`) as TensorBoard scalars into `logdir`.
 
-    The event file is opened at the first :meth:`write` and flushed after each, so a killed run
-    loses nothing it logged; :meth:`close` (or garbage collection) ends its writer thread."""
+    Synchronous on purpose: tensorboardX's `SummaryWriter` queues events for a writer thread and
+    its `flush` does not wait for that queue, so a killed run would lose its last lines (and a
+    reader would not see them for up to two minutes).  Here each :meth:`write` appends the events
+    to one event file (tensorboardX's `EventsWriter`, opened at the first write) and flushes it to
+    disk; :meth:`close` (or garbage collection) closes the file."""
 
     def __init__(self, logdir: pathlib.Path, *, purge_step: int | None = None):
         self.logdir = pathlib.Path(logdir)
         self.purge_step = purge_step
-        self._writer: SummaryWriter | None = None
+        self._events: EventsWriter | None = None
         self._wandb = None
         self._finalizer = None
 
-    def _open(self) -> SummaryWriter:
-        if self._writer is None:
-            # tensorboardX names a file by the second it opened it; the nanosecond suffix keeps two
-            # writers of one second (a resume right after a kill) from overwriting each other, and
-            # keeps the names in time order, the order TensorBoard reads (and purges) them in.
-            self._writer = SummaryWriter(str(self.logdir), purge_step=self.purge_step,
-                                         filename_suffix=f".{time.time_ns()}")
-            self._finalizer = weakref.finalize(self, self._writer.close)
+    def _open(self) -> EventsWriter:
+        if self._events is None:
+            self.logdir.mkdir(parents=True, exist_ok=True)
+            # The nanosecond suffix keeps two files of one second (a resume right after a kill)
+            # apart, and keeps the names in time order, the order TensorBoard reads them in.
+            self._events = EventsWriter(str(self.logdir / "events"), filename_suffix=f".{time.time_ns()}")
+            self._finalizer = weakref.finalize(self, self._events.close)
+            if self.purge_step is not None:   # TensorBoard drops earlier files' events at steps >= it
+                self._events.write_event(Event(wall_time=time.time(), step=self.purge_step,
+                                               session_log=SessionLog(status=SessionLog.START)))
             if os.environ.get(WANDB_PROJECT_ENV):
                 self._wandb = _wandb_run(self.logdir)
-        return self._writer
+        return self._events
 
     def write(self, lines: Sequence[Mapping]) -> None:
         if not lines:
             return
-        writer = self._open()
+        events = self._open()
         for line in lines:
             step = line.get("step")
             if not isinstance(step, int) or isinstance(step, bool):
                 raise ValueError(f"{self.logdir}: a metrics line needs an integer 'step', got {step!r}")
-            scalars = flatten_scalars(line)
-            for name, value in scalars.items():
-                writer.add_scalar(name, value, global_step=step)
+            values = flatten_scalars(line)
+            now = time.time()
+            for name, value in values.items():
+                events.write_event(Event(wall_time=now, step=step, summary=scalar_summary(name, value)))
             if self._wandb is not None:
-                self._wandb.log({k: v for k, v in scalars.items() if math.isfinite(v)}, step=step)
-        writer.flush()
+                self._wandb.log({k: v for k, v in values.items() if math.isfinite(v)}, step=step)
+        events.flush()
 
     def close(self) -> None:
         if self._finalizer is not None:
