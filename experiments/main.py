@@ -7,6 +7,7 @@ config as JSON and exits (the pod launchers' `--dry-run` shows it). A config's `
 (`tr/train/pod.py`) says whether to join a multi-process run first (`--config.pod.distributed=True`).
 """
 
+import logging as pylogging
 import os
 import pathlib
 import signal
@@ -65,8 +66,25 @@ class _Terminated(SystemExit):
     """SIGTERM's exit, once the stages' `finally` blocks have run (`main` ends the process)."""
 
 
+class _BelowErrorFromOrbax(pylogging.Filter):
+    """Drops Orbax's records below ERROR (its warnings on every read-only restore are chatter)."""
+
+    def filter(self, record: pylogging.LogRecord) -> bool:
+        return record.levelno >= pylogging.ERROR or f"{os.sep}orbax{os.sep}" not in record.pathname
+
+
+def quiet_third_party_logs() -> None:
+    """Unless `--verbosity` was given: Python and absl logging at WARNING, and Orbax's below ERROR.
+    At INFO, Orbax's checkpoint chatter (and JAX's backend probing) is most of a run's log.  The
+    run's own progress lines are written to stderr directly and stay."""
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
+        logging.get_absl_handler().addFilter(_BelowErrorFromOrbax())
+
+
 def main(argv):
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    quiet_third_party_logs()
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     config = load_config()
@@ -94,7 +112,7 @@ def main(argv):
         (workdir / "config.json").write_text(config.to_json_best_effort(indent=2, sort_keys=True))
     try:
         run = registry.resolve(config.job)
-        logging.info("job %s -> %s", config.job, workdir)
+        sys.stderr.write(f"job {config.job} -> {workdir}\n")
         run(config, workdir)
     except registry.ConfigError as error:
         sys.stderr.write(f"error: {error}\n")

@@ -67,13 +67,13 @@ def test_http_teacher_solves_tasks_through_the_engine(scripted_server, tasks, la
 
 
 def test_bad_requests_get_clear_errors(scripted_server):
-    policy = HttpPolicy(scripted_server.url, "m", retries=0)
+    policy = HttpPolicy(scripted_server.url, "scripted-teacher", retries=0)
     bad = GenerationRequest(messages=({"role": "robot", "content": "hi"},), prompt_tokens=(), max_tokens=8)
     with pytest.raises(HttpPolicyError, match=r"HTTP 400.*messages\[0\]"):
         policy.generate([bad])
     unknown = GenerationRequest(messages=({"role": "user", "content": "an unknown task"},),
                                 prompt_tokens=(), max_tokens=8, task_id="nope")
-    with pytest.raises(HttpPolicyError, match=r"HTTP 500.*no reference solution for task 'nope'"):
+    with pytest.raises(HttpPolicyError, match=r"HTTP 400.*no reference solution for task 'nope'"):
         policy.generate([unknown])
     with pytest.raises(urllib.error.HTTPError):
         urllib.request.urlopen(scripted_server.url + "/nothing", timeout=10)
@@ -94,7 +94,7 @@ def test_http_client_on_the_tiny_model_server(tasks):
 
     policy = load_model_policy("tiny", seed=0)
     with ChatServer(policy, policy.layout, max_output_tokens=16) as server:
-        client = HttpPolicy(server.url, "tiny", retries=0)
+        client = HttpPolicy(server.url, server.model_name, retries=0)
         out = run_rollouts(group_specs(tasks[:1], 1), client, policy.layout,
                            RolloutConfig(concurrency=1, progress=False,
                                          budgets=Budgets(max_turns=2, max_output_tokens=16)))

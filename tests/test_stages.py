@@ -13,6 +13,7 @@ import time
 import pytest
 
 import child_runs
+from event_files import assert_same_scalars, expected_scalars, read_scalars
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CHILD = ROOT / "tests" / "loop_child.py"
@@ -100,6 +101,9 @@ def test_pipeline_runs_warmup_and_rpr_from_base(reference):
     assert json.loads((run / "rpr-1" / "eval-val.json").read_text())["overall"]["tasks"] == 1
     assert len(list((run / "rpr-1" / "rollouts").glob("*.jsonl"))) == 3
     assert len(list((run / "rpr-1" / "rollouts").glob("*.stats.json"))) == 3
+    # TensorBoard event files beside each metrics.jsonl hold the same scalars.
+    for stage in ("warmup", "rpr-1"):
+        assert_same_scalars(read_scalars(run / stage), expected_scalars(run / stage / "metrics.jsonl"))
 
 
 def test_sigkill_mid_rpr_then_restart_reproduces_the_uninterrupted_run(reference):
@@ -124,3 +128,6 @@ def test_sigkill_mid_rpr_then_restart_reproduces_the_uninterrupted_run(reference
         assert [x["step"] for x in got_lines] == [x["step"] for x in want_lines], stage
         for a, b in zip(got_lines, want_lines):
             assert same(a, b), (stage, a["step"])
+        # The killed run's events past its checkpoint are purged: TensorBoard shows each step once,
+        # with the resumed run's values.
+        assert_same_scalars(read_scalars(run / stage), expected_scalars(run / stage / "metrics.jsonl"))

@@ -1,22 +1,23 @@
 """A policy behind any OpenAI-compatible ``/v1/chat/completions`` endpoint (a teacher, planner or
-reviewer model), with the standard library only.
+reviewer model), over urllib3 (already required through docker/requests).
 
 Text in, text out: the reply's ids are whatever the episode's own tokenizer makes of the text
 (``Generation.tokens = None``), since a remote model's token ids mean nothing to ``tr``'s tokenizer.
 Requests of one batch go out concurrently (``max_parallel``); transient failures (connection
-errors, HTTP 429/5xx) are retried with exponential back-off; anything else raises
-:class:`HttpPolicyError` naming the endpoint, status and body.
+errors, HTTP 429/5xx) are retried by urllib3's :class:`~urllib3.util.Retry` (exponential back-off,
+``Retry-After`` respected, POST included); anything else raises :class:`HttpPolicyError` naming the
+endpoint, status and body.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+
+import urllib3
+from urllib3.util import Retry
 
 from tr.agent.harness import GenerationRequest
 from tr.agent.transcript import Generation
@@ -43,6 +44,11 @@ class HttpPolicy:
         self.timeout_s, self.retries, self.max_parallel = timeout_s, retries, max_parallel
         self.name = name or f"http:{model}"
         self.source = source
+        self.retry = Retry(total=retries, connect=retries, read=retries, status=retries, other=0,
+                           backoff_factor=0.5, status_forcelist=(429, 500, 502, 503, 504),
+                           allowed_methods=None, raise_on_status=False, respect_retry_after_header=True)
+        self.pool = urllib3.PoolManager(num_pools=2, maxsize=max_parallel, retries=self.retry,
+                                        timeout=urllib3.Timeout(total=timeout_s))
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         if len(requests) == 1:
@@ -63,31 +69,23 @@ class HttpPolicy:
         }
 
     def _one(self, req: GenerationRequest) -> Generation:
-        data = json.dumps(self.body(req)).encode()
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        delay = 0.5
-        for attempt in range(self.retries + 1):
-            try:
-                request = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as resp:
-                    payload = json.loads(resp.read())
-                return self._parse(payload)
-            except urllib.error.HTTPError as e:
-                body = e.read()[:500].decode(errors="replace")
-                if e.code in (429, 500, 502, 503, 504) and attempt < self.retries:
-                    time.sleep(delay)
-                    delay *= 2
-                    continue
-                raise HttpPolicyError(f"POST {self.url}: HTTP {e.code}: {body}") from None
-            except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
-                if attempt < self.retries:
-                    time.sleep(delay)
-                    delay *= 2
-                    continue
-                raise HttpPolicyError(f"POST {self.url}: {e}") from None
-        raise AssertionError("unreachable")
+        try:
+            resp = self.pool.request("POST", self.url, body=json.dumps(self.body(req)).encode(),
+                                     headers=headers)
+        except urllib3.exceptions.HTTPError as e:  # retries used up: connection refused, timeouts
+            raise HttpPolicyError(f"POST {self.url}: {e}") from None
+        if resp.status != 200:
+            body = resp.data[:500].decode(errors="replace")
+            raise HttpPolicyError(f"POST {self.url}: HTTP {resp.status}: {body}")
+        try:
+            payload = json.loads(resp.data)
+        except ValueError:
+            raise HttpPolicyError(f"POST {self.url}: the reply is not JSON: "
+                                  f"{resp.data[:200].decode(errors='replace')}") from None
+        return self._parse(payload)
 
     def _parse(self, payload: dict) -> Generation:
         try:

@@ -30,6 +30,9 @@ from tr.agent.transcript import Generation
 
 
 class Policy(Protocol):
+    """``generate`` answers a batch.  Optional: ``check_request(req)`` raises ValueError for a
+    request the policy cannot answer (an unknown task), so a server refuses it before batching."""
+
     name: str
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]: ...
@@ -105,7 +108,14 @@ class ScriptedPolicy:
                 if text in self.by_instruction and self.by_instruction[text] in self.commands:
                     return self.by_instruction[text]
                 break
+        if not req.task_id:
+            raise ValueError("scripted policy: no task_id, and the first user message is no known "
+                             "task's instruction")
         raise ValueError(f"scripted policy: no reference solution for task {req.task_id!r}")
+
+    def check_request(self, req: GenerationRequest) -> None:
+        """Raises ValueError when ``req`` names no task this policy can replay (the server's 400)."""
+        self._task_id(req)
 
     def _one(self, req: GenerationRequest) -> Generation:
         commands = self.commands[self._task_id(req)]

@@ -154,11 +154,15 @@ class EmbeddedTeacher:
         from tr.agent.policies import solution_commands
         return [INSPECT_COMMAND] + solution_commands(task)
 
+    def check_request(self, req) -> None:
+        """Raises ValueError for a request naming no task this teacher has a plan for."""
+        if req.task_id not in self.plans:
+            raise ValueError(f"{self.name}: no plan for task {req.task_id!r}")
+
     def generate(self, requests):
         out = []
         for req in requests:
-            if req.task_id not in self.plans:
-                raise ValueError(f"{self.name}: no plan for task {req.task_id!r}")
+            self.check_request(req)
             plan = self.plans[req.task_id]
             k = _after_recovery_prompt(req.messages)
             inspect, repair, done = self.thoughts

@@ -39,6 +39,7 @@ import numpy as np
 from tr.agent.harness import format_action
 from tr.agent.transcript import Generation
 from tr.models import embedded
+from tr.stages import scalars
 from tr.stages.registry import ConfigError
 
 
@@ -604,6 +605,9 @@ def train(config, run_dir: pathlib.Path, out_dir: pathlib.Path) -> dict:
     (out_dir / "base-test.txt").write_text(text)
     with open(out_dir / "base-metrics.jsonl", "w", encoding="utf-8") as f:
         f.writelines(json.dumps(m, sort_keys=True) + "\n" for m in metrics_log)
+    board = scalars.ScalarWriter(out_dir, purge_step=0)   # a re-trained Base replaces its curve
+    board.write(metrics_log)
+    board.close()
     with StageStore(run_dir, config.stage, async_save=False) as store:
         store.create(kind="sft", config=stage_config)
         manifest = store.finish(state)

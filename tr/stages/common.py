@@ -27,6 +27,7 @@ from tr.agent import evaluation
 from tr.agent.records import EpisodeRecord, episode_to_sequences, read_shard, write_shard
 from tr.agent.rollout import RolloutConfig, group_specs, run_rollouts
 from tr.models import embedded
+from tr.stages import progress, scalars
 from tr.stages.registry import ConfigError  # noqa: F401  (re-exported for the stage kinds)
 
 SPLITS = ("train", "val", "test")
@@ -607,22 +608,34 @@ def evaluate_split(actor: Actor, tasks: Sequence, eval_config, *, seed: int,
 
 
 class MetricsLog:
-    """`metrics.jsonl`: one JSON line per update; a progress line on stderr per iteration.
+    """`metrics.jsonl`: one JSON line per update, the same scalars as TensorBoard event files in
+    the same folder (:class:`tr.stages.scalars.ScalarWriter`); a progress line on stderr per
+    iteration (:func:`tr.stages.progress.line`: the run's stage i/N, and an ETA when given the
+    iterations done and due).
 
     `truncate(iteration)` drops the lines of iterations ≥ `iteration` (written by a run killed
-    after its update but before its checkpoint), so a resumed stage never repeats a line.
+    after its update but before its checkpoint), so a resumed stage never repeats a line; the
+    event files drop the same steps (TensorBoard's purge at the first dropped step).
     """
 
     def __init__(self, path: pathlib.Path, stream=None):
         self.path = path
         self.stream = stream if stream is not None else sys.stderr
         self.t0 = time.monotonic()
+        self.board = scalars.ScalarWriter(path.parent)
+        self.start = 0      # iterations done before this process (set by truncate)
 
     def truncate(self, iteration: int) -> None:
+        self.start = iteration
         if not self.path.exists():
             return
-        kept = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line)["iteration"] < iteration]
+        kept, dropped = [], []
+        for line in self.path.read_text().splitlines():
+            if line.strip():
+                parsed = json.loads(line)
+                (kept.append(line) if parsed["iteration"] < iteration else dropped.append(parsed["step"]))
+        if dropped:
+            self.board.purge_step = min(dropped)
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text("".join(line + "\n" for line in kept))
         tmp.replace(self.path)
@@ -632,10 +645,17 @@ class MetricsLog:
             for line in lines:
                 f.write(json.dumps(line, sort_keys=True) + "\n")
             f.flush()
+        self.board.write(lines)
 
-    def progress(self, text: str) -> None:
-        self.stream.write(f"[{time.monotonic() - self.t0:7.1f}s] {text}\n")
+    def progress(self, text: str, *, done: int | None = None, total: int | None = None) -> None:
+        """A line on stderr; `done` of `total` iterations adds tqdm's meter (its ETA counts the
+        iterations past the resumed-from one given to :meth:`truncate`: those cost nothing here)."""
+        self.stream.write(progress.line(text, time.monotonic() - self.t0, done=done, total=total,
+                                        initial=self.start) + "\n")
         self.stream.flush()
+
+    def close(self) -> None:
+        self.board.close()
 
 
 def read_metrics(path: pathlib.Path) -> list[dict]:

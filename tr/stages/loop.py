@@ -193,10 +193,12 @@ def train_loop(parts: LoopParts, state: TrainState, store, phases: Sequence[Phas
         log.progress(f"{config.name} it {iteration + 1}/{len(schedule)} ({phase.name}) step "
                      f"{int(jax.device_get(state.step))}: pass "
                      f"{shared['rollouts']['pass_rate']} reward {shared['rollouts']['reward_mean']}"
-                     f" EV {last.get('critic/explained_variance', float('nan')):.3f}")
+                     f" EV {last.get('critic/explained_variance', float('nan')):.3f}",
+                     done=iteration + 1, total=len(schedule))
         if _eval_due(iteration, len(schedule), config.eval.every):
             evaluate(iteration)
     store.wait()
+    log.close()
     return state
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import pathlib
 
+from tr.stages import progress
 from tr.stages.registry import ConfigError, stage_kind
 
 
@@ -39,7 +40,8 @@ def run(config, workdir: pathlib.Path) -> dict:
                                   f"finished stage in {workdir}")
         names.add(entry["name"])
         merged = merge_entry(shared, entry)
-        summaries[entry["name"]] = stage_kind(entry["kind"])(merged, pathlib.Path(workdir))
+        with progress.stage(index, len(config.stages), entry["name"], entry["kind"]):
+            summaries[entry["name"]] = stage_kind(entry["kind"])(merged, pathlib.Path(workdir))
         (pathlib.Path(workdir) / "pipeline.json").write_text(
             json.dumps(summaries, indent=1, sort_keys=True, default=str))
     return summaries

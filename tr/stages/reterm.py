@@ -44,6 +44,7 @@ import ml_collections
 import numpy as np
 
 from tr.models import embedded
+from tr.stages import progress, scalars
 from tr.stages.registry import ConfigError
 
 ARMS = ("base", "sft", "grpo", "reterm_grpo")
@@ -519,6 +520,7 @@ def run_sft(stage_config, run_dir, **_) -> dict:
         val = ValLog(opened.stage_dir)
         metrics_path = opened.stage_dir / "metrics.jsonl"
         _truncate_metrics(metrics_path, start)
+        board = scalars.ScalarWriter(opened.stage_dir, purge_step=start + 1)
         if start == 0 and config.eval.at_start:
             val.evaluate(opened, 0, state.actor_params, val_tasks)
         sft = _sft_step(rt, config.sft.learning_rate, int(config.sft.micro_batch_rows))
@@ -529,11 +531,14 @@ def run_sft(stage_config, run_dir, **_) -> dict:
         total = int(config.sft.steps)
         for step in range(start + 1, total + 1):
             state, m = sft(state, next(data))
-            _append(metrics_path, {"step": step, "loss": float(m["actor/loss"])})
+            line = {"step": step, "loss": float(m["actor/loss"])}
+            _append(metrics_path, line)
+            board.write([line])
             due = _eval_due(step, total, int(config.eval.every))
             store.save(state, force=due)
             if due:
                 val.evaluate(opened, step, state.actor_params, val_tasks)
+        board.close()
         losses = [json.loads(x)["loss"] for x in metrics_path.read_text().splitlines()]
         summary = {"kind": "reterm_sft", "rows": len(seqs), "recovery_rows": n_recovery,
                    "plain_rows": len(plain), "plain_share": float(config.sft.plain_share),
@@ -636,6 +641,7 @@ def run_grpo(stage_config, run_dir, *, kind: str = "grpo", **_) -> dict:
         val = ValLog(opened.stage_dir)
         metrics_path = opened.stage_dir / "metrics.jsonl"
         _truncate_metrics(metrics_path, start)
+        board = scalars.ScalarWriter(opened.stage_dir, purge_step=start + 1)
         if start == 0 and config.eval.at_start:
             val.evaluate(opened, 0, state.actor_params, val_tasks)
         total, n_groups = int(g.updates), int(g.m_original) + int(g.m_recovery)
@@ -685,14 +691,17 @@ def run_grpo(stage_config, run_dir, *, kind: str = "grpo", **_) -> dict:
                       if r.status.counts]
                 return float(np.mean(xs)) if xs else None
 
-            _append(metrics_path, {
+            line = {
                 "step": step, "update": step, "original_reward": mean_pass("original"),
                 "recovery_reward": mean_pass("recovery"), "recovery_groups": len(parents),
                 "dropped_groups": dropped, "queue": len(queue) if queue is not None else 0,
-                **({"queue_stats": queue.stats()} if queue is not None else {}), **metrics})
+                **({"queue_stats": queue.stats()} if queue is not None else {}), **metrics}
+            _append(metrics_path, line)
+            board.write([line])
             store.save(state, force=True)
             if _eval_due(step, total, int(config.eval.every)):
                 val.evaluate(opened, step, state.actor_params, val_tasks)
+        board.close()
         summary = {"kind": kind, "updates": total, "group_size": int(g.group_size),
                    "m_original": int(g.m_original), "m_recovery": int(g.m_recovery),
                    "group_weighting": g.group_weighting, "wall_s": time.monotonic() - t0}
@@ -839,7 +848,8 @@ def run(config, workdir):
                 raise ConfigError(f"stages[{i}] ({entry['name']}): actor_from={parent!r} is not "
                                   "an earlier stage")
             t0, clock = time.monotonic(), CompileClock()
-            summaries[entry["name"]] = stage_kind(entry["kind"])(dict(entry), workdir)
+            with progress.stage(i, len(entries), entry["name"], entry["kind"]):
+                summaries[entry["name"]] = stage_kind(entry["kind"])(dict(entry), workdir)
             compile_s[entry["name"]] = clock.read()
             _say(f"stage {entry['name']} ({entry['kind']}) done in {time.monotonic() - t0:.0f}s")
             t0, clock = time.monotonic(), CompileClock()

@@ -341,7 +341,8 @@ def run(stage_config, run_dir, **_) -> dict:
             opened.store.save(state, force=step + 1 == total)
             step += 1
             if step % max(1, total // 4) == 0 or step == total:
-                log.progress(f"{config.name} sft {step}/{total}: loss {metrics['actor/loss']:.3f}")
+                log.progress(f"{config.name} sft {step}/{total}: loss {metrics['actor/loss']:.3f}",
+                             done=step, total=total)
             if _eval_due(step - 1, total, int(config.eval.every)):
                 opened.store.save(state, force=True)
                 evaluate(state)

@@ -36,7 +36,7 @@ import sys
 import time
 from typing import Sequence
 
-from tr.stages import checkpoints, pipeline
+from tr.stages import checkpoints, pipeline, progress
 from tr.stages import evaluate as evaluate_job
 from tr.stages.registry import STAGE_KINDS, ConfigError, stage_kind
 
@@ -236,11 +236,11 @@ def run_stages(entries, shared, run_dir: pathlib.Path) -> dict:
     times = json.loads(times_path.read_text()) if times_path.exists() else {}
     compiles = json.loads(compile_path.read_text()) if compile_path.exists() else {}
     summaries = {}
-    for entry in entries:
+    for i, entry in enumerate(entries):
         merged = _merge(shared, entry)
         t0, clock = time.monotonic(), CompileClock()
-        print(f"[terminal_rsi] stage {entry['name']} ({entry['kind']})", flush=True)
-        summaries[entry["name"]] = stage_kind(entry["kind"])(merged, run_dir)
+        with progress.stage(i, len(entries), entry["name"], entry["kind"]):
+            summaries[entry["name"]] = stage_kind(entry["kind"])(merged, run_dir)
         times.setdefault(entry["name"], round(time.monotonic() - t0, 1))
         compiles.setdefault(entry["name"], clock.read())
         times_path.write_text(json.dumps(times, indent=1))
