@@ -17,6 +17,7 @@ import urllib.request
 
 import jax.numpy as jnp
 import numpy as np
+import openai
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -289,6 +290,18 @@ def test_serve_answers_chat_completions_and_eval_of_the_endpoint(stage):
             reply = json.loads(response.read())
         assert isinstance(reply["choices"][0]["message"]["content"], str)
         assert reply["usage"]["completion_tokens"] <= 8 if "usage" in reply else True
+        # the official client against the served stage: the same seeded reply whole and streamed
+        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300)
+        messages = json.loads(body)["messages"]
+        whole = client.chat.completions.create(model="gym-init", messages=messages, max_tokens=8,
+                                               seed=7)
+        chunks = list(client.chat.completions.create(model="gym-init", messages=messages,
+                                                     max_tokens=8, seed=7, stream=True))
+        assert chunks and chunks[-1].choices[0].finish_reason in ("stop", "length"), chunks
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert streamed == whole.choices[0].message.content
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(model="gpt-nonexistent", messages=messages)
         # `termrl eval` of an OpenAI-compatible endpoint: the served stage, over real sandboxes
         result = termrl("eval", "--checkpoint", f"openai:{url}#gym-init", "--tasks", "gym:test",
                         "--count", "2", "--k", "1", "--max-turns", "1", "--max-output-tokens", "8",
