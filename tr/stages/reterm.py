@@ -548,15 +548,20 @@ def run_sft(stage_config, run_dir, **_) -> dict:
 # ----------------------------------------------------------------------------------------------
 # Stage kinds `grpo` and `reterm_grpo`.
 
-def group_rows(groups, *, length: int, rows: int | None = None):
+def group_rows(groups, *, length: int, group_size: int, rows: int | None = None):
     """Rows of whole groups (one rollout per row, reward = strict pass on the last actor token) and
-    `is_recovery`; a group with an uncounted episode, several windows or a row longer than
-    `length` is dropped whole.  With `rows`, padded to that many rows (all masks false: no group,
+    `is_recovery`; a group with an uncounted episode, several windows, a row longer than `length`
+    or other than `group_size` rollouts (one cancelled or lost) is dropped whole, so group `k`
+    holds rows `[k·group_size, (k+1)·group_size)`, the rows `grpo_update` assigns it
+    (`row // group_size`).  With `rows`, padded to that many rows (all masks false: no group,
     no loss; one compiled shape per stage).  Returns (batch | None, kept groups, dropped groups)."""
     from tr.agent.records import episode_to_sequences, pad_sequences
 
     seqs, is_rec, kept, dropped = [], [], [], 0
     for kind, recs in groups:
+        if len(recs) != group_size:
+            dropped += 1
+            continue
         group = []
         for rec in sorted(recs, key=lambda r: r.rollout_index):
             s = episode_to_sequences(rec, float(bool(rec.passed))) if rec.status.counts else []
@@ -672,6 +677,7 @@ def run_grpo(stage_config, run_dir, *, kind: str = "grpo", **_) -> dict:
                 if rec.episode_id not in keep:
                     discard_snapshot_ref(rec.snapshot_ref)
             batch, _, dropped = group_rows(groups, length=int(g.length),
+                                           group_size=int(g.group_size),
                                            rows=n_groups * int(g.group_size))
             metrics = {}
             if batch is not None:
