@@ -43,6 +43,7 @@ import time
 import ml_collections
 import numpy as np
 
+from tr.rl.losses import AGGREGATIONS
 from tr.stages import embedded
 from tr.stages.registry import ConfigError
 
@@ -107,6 +108,9 @@ def defaults(kind: str) -> ml_collections.ConfigDict:
                   "eps_low": 0.30, "eps_high": 5.00,        # not in the paper: SPEC §4 defaults
                   "std_eps": 1e-6,                          # δ of the group normalisation
                   "group_weighting": "equal",               # or "literal" (tr/rl/losses.py)
+                  # how J_g aggregates a group's tokens (tr/rl/losses.py): the recipe's
+                  # token_mean, pinned here whatever the library default
+                  "aggregation": "token_mean", "aggregation_constant": 0.0,
                   "length": 1024,
                   "micro_batch_rows": MICRO_BATCH_ROWS}     # as sft.micro_batch_rows
         if kind == "reterm_grpo":
@@ -142,6 +146,9 @@ def resolve(stage_config, kind: str) -> ml_collections.ConfigDict:
         if config.grpo.group_weighting not in ("equal", "literal"):
             raise ConfigError(f"stage {config.name!r}: grpo.group_weighting = "
                               f"{config.grpo.group_weighting!r}: expected 'equal' or 'literal'")
+        if config.grpo.aggregation not in AGGREGATIONS:
+            raise ConfigError(f"stage {config.name!r}: grpo.aggregation = "
+                              f"{config.grpo.aggregation!r}: expected one of {AGGREGATIONS}")
     if kind == "reterm_grpo":
         if config.queue.sampling not in ("front", "uniform"):
             raise ConfigError(f"stage {config.name!r}: queue.sampling = {config.queue.sampling!r}"
@@ -595,7 +602,8 @@ def _grpo_step(rt: Runtime, g):
     from tr.train.updates import default_config
 
     key = ("grpo", float(g.learning_rate), int(g.group_size), float(g.eps_low),
-           float(g.eps_high), float(g.std_eps), str(g.group_weighting), int(g.micro_batch_rows))
+           float(g.eps_high), float(g.std_eps), str(g.group_weighting), int(g.micro_batch_rows),
+           str(g.aggregation), float(g.aggregation_constant))
     if key not in rt.steps:
         train_cfg = default_config()
         train_cfg.micro_batch_rows = int(g.micro_batch_rows)
@@ -605,6 +613,8 @@ def _grpo_step(rt: Runtime, g):
         train_cfg.grpo.eps_high = float(g.eps_high)
         train_cfg.grpo.std_eps = float(g.std_eps)
         train_cfg.grpo.group_weighting = str(g.group_weighting)
+        train_cfg.grpo.aggregation = str(g.aggregation)
+        train_cfg.grpo.aggregation_constant = float(g.aggregation_constant)
         rt.steps[key] = build_steps(train_cfg, actor_logprobs=rt.fns.actor_logprobs).grpo
     return rt.steps[key]
 

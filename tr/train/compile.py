@@ -107,7 +107,9 @@ def build_steps(config: ml_collections.ConfigDict, *, actor_logprobs: ActorFn | 
             group_size=int(config.grpo.group_size), eps_low=config.grpo.eps_low,
             eps_high=config.grpo.eps_high, std_eps=config.grpo.std_eps,
             policy_loss=config.grpo.get("policy_loss", "ppo"),
-            group_weighting=config.grpo.get("group_weighting", "equal")))))
+            group_weighting=config.grpo.get("group_weighting", "equal"),
+            aggregation=config.grpo.get("aggregation", "token_mean"),
+            aggregation_constant=float(config.grpo.get("aggregation_constant", 0.0))))))
     if critic_values is not None:
         critic = compile_step(per_batch(functools.partial(
             updates.critic_update, critic_values=critic_values, critic_optimizer=critic_opt,

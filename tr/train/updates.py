@@ -68,6 +68,10 @@ def default_config() -> ml_collections.ConfigDict:
         "ppo": {
             "estimator": "tb_gae",     # tr.rl.registry: tb_gae | token_gae | ...
             "policy_loss": "ppo",      # tr.rl.registry: ppo | reinforce | ...
+            # tr.rl.losses.aggregate: token_mean (the recipes') | sequence_mean | constant (Dr.
+            # GRPO: Σ tokens / (C · sequences), C = aggregation_constant, or the row length if 0)
+            "aggregation": "token_mean",
+            "aggregation_constant": 0.0,
             "eps_low": 0.30,
             "eps_high": 5.00,
             "eps_value": 4.00,
@@ -86,8 +90,10 @@ def default_config() -> ml_collections.ConfigDict:
         # ReTerm-GRPO. The paper gives no clip range: eps_low/eps_high here are the PPO defaults
         # of SPEC §4, a config value. group_weighting: "equal" (every group weighs the same) or
         # "literal" (tr.rl.losses.reterm_token_weights).
+        # aggregation: how J_g aggregates a group's tokens (losses.reterm_token_weights).
         "grpo": {"group_size": 16, "eps_low": 0.30, "eps_high": 5.00, "std_eps": 1e-6,
-                 "policy_loss": "ppo", "group_weighting": "equal"},
+                 "policy_loss": "ppo", "group_weighting": "equal",
+                 "aggregation": "token_mean", "aggregation_constant": 0.0},
         "num_micro_batches": 1,
         # > 0: micro-batches of this many rows whatever the batch size (num_micro_batches is then
         # rows / micro_batch_rows, read off each batch's shape), and the loop lays every batch out
@@ -320,7 +326,8 @@ def grpo_update(state: TrainState, batch: Batch, *, actor_logprobs: ActorFn,
                 actor_optimizer: optax.GradientTransformation, group_size: int,
                 eps_low: float = losses.EPS_LOW, eps_high: float = losses.EPS_HIGH,
                 std_eps: float = 1e-6, policy_loss: str = "ppo", num_micro_batches: int = 1,
-                group_weighting: str = "equal") -> tuple[TrainState, dict]:
+                group_weighting: str = "equal", aggregation: str = "token_mean",
+                aggregation_constant: float = 0.0) -> tuple[TrainState, dict]:
     """One ReTerm-GRPO update of the actor over original and recovery groups.
 
     Rows come in consecutive groups of `group_size` rollouts of one task, one rollout per row
@@ -330,8 +337,11 @@ def grpo_update(state: TrainState, batch: Batch, *, actor_logprobs: ActorFn,
     group as a token mean (`losses.reterm_token_weights`; `group_weighting` "equal": every group
     weighs the same, so the recovery class carries M_R/(M_O+M_R); "literal": the formula as
     written, recovery M_R²/(M_O²+M_R²)). The clip range (`eps_low`, `eps_high`) is not given by the
-    ReTerm paper: it is the config's `grpo.eps_low/eps_high`. Advantages are `batch['advantages']`
-    when given, else `tr.rl.advantages.grpo_row_advantages` of the rows' rewards.
+    ReTerm paper: it is the config's `grpo.eps_low/eps_high`. `aggregation` says how `J_g`
+    aggregates the group's tokens: `token_mean` (the recipes'), `sequence_mean` (each rollout's
+    token mean, averaged over the group) or `constant` (Dr. GRPO: the group's token sum over
+    `k_g · C`). Advantages are `batch['advantages']` when given, else
+    `tr.rl.advantages.grpo_row_advantages` of the rows' rewards.
     """
     check_batch("grpo", batch)
     rows = batch["tokens"].shape[0]
@@ -343,7 +353,8 @@ def grpo_update(state: TrainState, batch: Batch, *, actor_logprobs: ActorFn,
     group_ids = jnp.arange(rows, dtype=jnp.int32) // group_size
     weights = losses.reterm_token_weights(group_ids, batch["is_recovery"], batch["loss_mask"],
                                           num_groups=-(-rows // group_size),
-                                          weighting=group_weighting)
+                                          weighting=group_weighting, aggregation=aggregation,
+                                          aggregation_constant=aggregation_constant)
     full = {**batch, "advantages": advantages, "token_weights": weights,
             "old_logprobs": batch.get("old_logprobs", batch["logprobs"])}
     loss_fn = registry.policy_loss(policy_loss)
