@@ -158,10 +158,10 @@ def aggregate(
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"loss aggregation {aggregation!r} unknown; expected one of {AGGREGATIONS}")
     mask = jnp.asarray(mask, bool)
+    if aggregation == "token_mean":      # the recipes' path: the same ops in the same order as before
+        return LossTerms(numerator=_masked_sum(per_token, mask),
+                         denominator=jnp.sum(mask).astype(jnp.float32), metric_sums=metric_sums)
     tokens = jnp.sum(mask).astype(jnp.float32)
-    if aggregation == "token_mean":
-        return LossTerms(numerator=_masked_sum(per_token, mask), denominator=tokens,
-                         metric_sums=metric_sums)
     n_s, sequences = _sequence_tokens(mask, segment_ids)
     if aggregation == "sequence_mean":
         numerator = _masked_sum(per_token / jnp.maximum(n_s, 1.0), mask)
