@@ -102,6 +102,7 @@ def get_config(variant: str = "default"):
     c.grpo.eps_high = 5.00
     c.grpo.std_eps = 1e-6                             # δ of the group normalisation
     c.grpo.group_weighting = "equal"                  # or "literal"
+    c.grpo.aggregation = "token_mean"                 # the recipe's (tr/rl/losses.py), pinned
     c.grpo.micro_batch_rows = 2                       # as sft.micro_batch_rows
     c.queue = ml_collections.ConfigDict({"capacity": 16, "sampling": "front", "sweep": ()})
     c.eval = ml_collections.ConfigDict()

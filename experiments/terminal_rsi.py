@@ -136,8 +136,10 @@ def get_config(variant: str = "default"):
                   "critic": {"optimizer": {"learning_rate": 1e-3}},
                   # two epochs over each RPR batch (4 updates): what packing saved buys sample
                   # reuse, the actor having barely moved at one (approx KL <= 0.0012, 2 Dec)
+                  # token_mean: the recipe's loss aggregation, pinned whatever the library's
+                  # default (tr/rl/losses.py; docs/results/rl-benchmark/)
                   "ppo": {"epochs": 2, "mini_batches": 2, "estimator": "tb_gae",
-                          "gamma_turn": 1.0, "lam_turn": 1.0},
+                          "gamma_turn": 1.0, "lam_turn": 1.0, "aggregation": "token_mean"},
                   "logprob_chunk_size": 1024,
                   # micro-batches of 2 rows in one [arrays.rows, length] buffer (bucket_layout):
                   # one compiled step for the 16- and 24-row packed batches, the calibration's full

@@ -183,6 +183,15 @@ class AccumulationTest(parameterized.TestCase):
         b = make_batch(7)
         self._check(lambda d: sft_loss_terms(d["logp"], d["mask"]), b, "logp")
 
+    @parameterized.parameters(("sequence_mean", 0.0), ("constant", 0.0), ("constant", 7.0))
+    def test_aggregations_accumulate_exactly(self, aggregation, constant):
+        b = make_batch(9)
+        b["mask"][2] = False                     # a row with no token: no sequence
+        self._check(lambda d: ppo_policy_loss_terms(d["logp"], d["old"], d["adv"], d["mask"],
+                                                    aggregation=aggregation,
+                                                    aggregation_constant=constant),
+                    b, "logp")
+
     def test_terms_are_a_pytree(self):
         terms = sft_loss_terms(make_batch(8)["logp"], make_batch(8)["mask"])
         self.assertIsInstance(terms, LossTerms)
@@ -375,3 +384,110 @@ class ReTermWeightingTest(parameterized.TestCase):
             reterm_token_weights(np.zeros(2, np.int32), np.zeros(3, bool), mask)
         with self.assertRaisesRegex(ValueError, "'group_ids' must be integers"):
             reterm_token_weights(np.zeros(3, np.float32), np.zeros(3, bool), mask)
+
+
+class AggregationTest(parameterized.TestCase):
+    """token_mean / sequence_mean / constant against numpy written from the definitions."""
+
+    def _batch(self):
+        b = make_batch(12, batch=5)
+        b["mask"][2] = False                      # an empty row is no sequence
+        b["mask"][4] = False
+        b["mask"][4, 3] = True                    # a one-token sequence
+        return b
+
+    @parameterized.parameters(("token_mean", 0.0), ("sequence_mean", 0.0), ("constant", 0.0),
+                              ("constant", 64.0))
+    def test_value_and_gradient_match_numpy(self, aggregation, constant):
+        b = self._batch()
+        mask = b["mask"]
+        ratio = np.exp(b["logp"].astype(np.float64) - b["old"])
+        surrogate = np.minimum(ratio * b["adv"], np.clip(ratio, 0.7, 6.0) * b["adv"])
+        per_token = np.where(mask, -surrogate, 0.0)
+        n_rows = mask.sum(axis=1)
+        live = n_rows > 0
+        if aggregation == "token_mean":
+            expected = per_token.sum() / mask.sum()
+        elif aggregation == "sequence_mean":
+            expected = np.mean([per_token[r].sum() / n_rows[r] for r in np.flatnonzero(live)])
+        else:
+            c = constant or mask.shape[1]
+            expected = per_token.sum() / (c * live.sum())
+        terms = ppo_policy_loss_terms(b["logp"], b["old"], b["adv"], mask,
+                                      aggregation=aggregation, aggregation_constant=constant)
+        np.testing.assert_allclose(terms.loss, expected, rtol=1e-5)
+        # the metrics stay masked token means whatever the aggregation
+        np.testing.assert_allclose(terms.metrics["num_tokens"], mask.sum())
+        np.testing.assert_allclose(terms.metrics["pg_loss"], per_token.sum() / mask.sum(),
+                                   rtol=1e-5)
+        # gradient: the per-token gradient of the token mean rescaled by each token's coefficient
+        _, grad_token_mean, _ = reference_ppo(b["logp"], b["old"], b["adv"], mask)
+        g = grad_token_mean * mask.sum()
+        if aggregation == "sequence_mean":
+            g = g / np.maximum(n_rows, 1)[:, None] / live.sum()
+        elif aggregation == "constant":
+            g = g / ((constant or mask.shape[1]) * live.sum())
+        else:
+            g = g / mask.sum()
+        got = jax.grad(lambda x: ppo_policy_loss_terms(
+            x, b["old"], b["adv"], mask, aggregation=aggregation,
+            aggregation_constant=constant).loss)(b["logp"])
+        np.testing.assert_allclose(got, g, rtol=1e-5, atol=1e-8)
+
+    def test_token_mean_is_the_default_and_bitwise_unchanged(self):
+        b = self._batch()
+        default = ppo_policy_loss_terms(b["logp"], b["old"], b["adv"], b["mask"])
+        named = ppo_policy_loss_terms(b["logp"], b["old"], b["adv"], b["mask"],
+                                      aggregation="token_mean")
+        self.assertIsNone(default.tokens)
+        self.assertEqual(float(default.numerator), float(named.numerator))
+        self.assertEqual(float(default.denominator), float(b["mask"].sum()))
+
+    def test_sequence_mean_over_packed_segments(self):
+        # two rows, each packing sequences [1,1,1,2,2,0 ...]: the mean is over the 4 sequences
+        mask = np.array([[1, 1, 0, 1, 1, 1, 0, 0], [1, 0, 1, 1, 1, 1, 1, 0]], bool)
+        seg = np.array([[1, 1, 1, 2, 2, 2, 0, 0], [1, 1, 2, 2, 2, 2, 2, 0]], np.int32)
+        x = np.arange(16, dtype=np.float32).reshape(2, 8)
+        terms = losses.aggregate(jnp.asarray(x), mask, {}, aggregation="sequence_mean",
+                                 segment_ids=seg)
+        means = []
+        for r in range(2):
+            for s_id in (1, 2):
+                sel = mask[r] & (seg[r] == s_id)
+                means.append(x[r][sel].mean())
+        np.testing.assert_allclose(terms.loss, np.mean(means), rtol=1e-6)
+        np.testing.assert_allclose(terms.denominator, 4.0)
+
+    def test_unknown_aggregation_is_named(self):
+        b = self._batch()
+        with self.assertRaisesRegex(ValueError, "aggregation 'mean' unknown"):
+            ppo_policy_loss_terms(b["logp"], b["old"], b["adv"], b["mask"], aggregation="mean")
+        with self.assertRaisesRegex(ValueError, "aggregation='mean'"):
+            reterm_token_weights(np.zeros(5, np.int32), np.zeros(5, bool), b["mask"],
+                                 aggregation="mean")
+
+    @parameterized.parameters(("sequence_mean", 0.0), ("constant", 0.0), ("constant", 20.0))
+    def test_group_weights_compute_the_aggregated_group_objective(self, aggregation, constant):
+        # 3 original groups of 3 rollouts and 1 recovery group of 3, rows of unequal lengths
+        rng = np.random.default_rng(40)
+        group_ids = np.repeat(np.arange(4, dtype=np.int32), 3)
+        is_recovery = group_ids == 3
+        b = make_batch(41, batch=12, length=10)
+        mask = b["mask"]
+        mask[5] = False                           # a lost row: its group has k_g = 2
+        mask[:, 0] |= np.arange(12) != 5
+        del rng
+        w = reterm_token_weights(group_ids, is_recovery, mask, num_groups=4,
+                                 aggregation=aggregation, aggregation_constant=constant)
+        loss, _ = ppo_policy_loss(b["logp"], b["old"], b["adv"], mask, token_weights=w)
+        ratio = np.exp(b["logp"].astype(np.float64) - b["old"])
+        surrogate = np.minimum(ratio * b["adv"], np.clip(ratio, 0.7, 6.0) * b["adv"])
+        j = []
+        for g in range(4):
+            rows = [r for r in np.flatnonzero(group_ids == g) if mask[r].any()]
+            if aggregation == "sequence_mean":
+                j.append(np.mean([surrogate[r][mask[r]].mean() for r in rows]))
+            else:
+                c = constant or mask.shape[1]
+                j.append(np.mean([surrogate[r][mask[r]].sum() / c for r in rows]))
+        np.testing.assert_allclose(loss, -np.mean(j), rtol=1e-5)

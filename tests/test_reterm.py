@@ -314,3 +314,40 @@ def test_a_policy_samples_by_its_seed_not_by_what_ran_before():
         fresh.sampler.close()
     assert before[:2] == after[:2] == again[:2]     # the samples (old: other tokens after other work)
     assert before[2] == after[2] == again[2] == 0
+
+
+def _rollout(group: str, index: int, passed: bool, kind: str = "original"):
+    from tr.agent.records import EpisodeRecord, EpisodeStatus, Segment
+
+    segs = [Segment("prompt", [10, 11], turn=0),
+            Segment("action", [20 + index, 21], turn=1, source="policy", logprobs=[-0.5, -0.25])]
+    return EpisodeRecord(episode_id=f"{group}-{index}", task_id=group, group_id=group,
+                         rollout_index=index, kind=kind, passed=passed, segments=segs,
+                         status=EpisodeStatus.VERIFIED_PASS if passed else EpisodeStatus.VERIFIED_FAIL)
+
+
+def test_a_short_group_is_dropped_so_later_groups_keep_their_rows():
+    """A group that lost a rollout (cancelled) would shift every later group by one row against
+    `grpo_update`'s `row // group_size`; it is dropped, and each kept group's rows get the GRPO
+    advantages of its own rewards (numpy reference, per group)."""
+    import numpy as np
+
+    from tr.rl.advantages import grpo_row_advantages
+
+    size = 4
+    passes = {"a": [1, 0, 1], "b": [1, 0, 0, 0], "c": [0, 1, 1, 1]}      # "a" lost a rollout
+    groups = [("original", [_rollout(g, i, bool(p)) for i, p in enumerate(ps)])
+              for g, ps in passes.items()]
+    batch, kept, dropped = reterm.group_rows(groups, length=8, group_size=size, rows=3 * size)
+    assert dropped == 1 and [recs[0].group_id for _, recs in kept] == ["b", "c"]
+    row_rewards = batch["rewards"].sum(axis=1)
+    np.testing.assert_array_equal(row_rewards[:8], [1, 0, 0, 0, 0, 1, 1, 1])
+    adv = np.asarray(grpo_row_advantages(batch["rewards"], batch["actor_mask"], group_size=size))
+    for k, ps in enumerate((passes["b"], passes["c"])):
+        r = np.asarray(ps, np.float64)
+        expected = (r - r.mean()) / (r.std() + 1e-6)
+        for j in range(size):
+            row = k * size + j
+            got = adv[row][batch["actor_mask"][row]]
+            np.testing.assert_allclose(got, expected[j], rtol=1e-5)
+    assert not batch["actor_mask"][8:].any()          # padding rows: no group, no loss

@@ -237,3 +237,72 @@ def test_sampler_takes_the_train_states_pure_params():
     np.testing.assert_allclose([c.logprobs for c in got], [c.logprobs for c in want], atol=1e-5)
     assert not np.allclose([c.logprobs for c in before], [c.logprobs for c in want], atol=1e-3)
     assert sampler.compile_counts["prefill"] == 1      # same shapes: no recompilation
+
+
+def _reference_regularised_loss(model_graph, params, rest, batch, adv, ref, kl_coef, entropy_coef):
+    """The GRPO-with-one-group loss written the obvious way from the full logits:
+    mean over loss tokens of −min(ρA, clip(ρ)A) + β_KL k3(ref, logp) − β_H H."""
+    model = nnx.merge(model_graph, params, rest)
+    logits = model(batch["tokens"])                          # [B, L, V]
+    logp_all = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+    targets = batch["tokens"][:, 1:]
+    logp = jnp.take_along_axis(logp_all, targets[..., None], axis=-1)[..., 0]
+    logp = jnp.concatenate([jnp.zeros_like(logp[:, :1]), logp], axis=1)
+    entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+    entropy = jnp.concatenate([jnp.zeros_like(entropy[:, :1]), entropy], axis=1)
+    mask = batch["loss_mask"]
+    ratio = jnp.exp(jnp.where(mask, logp - batch["logprobs"], 0.0))
+    surrogate = jnp.minimum(ratio * adv, jnp.clip(ratio, 0.7, 6.0) * adv)
+    d = jnp.where(mask, ref - logp, 0.0)
+    per = -surrogate + kl_coef * (jnp.exp(d) - d - 1.0) - entropy_coef * entropy
+    return jnp.sum(jnp.where(mask, per, 0.0)) / jnp.sum(mask)
+
+
+@pytest.mark.parametrize("kl_coef,entropy_coef,with_ref", [
+    (0.0, 0.0, False), (0.5, 0.0, True), (0.5, 0.0, False), (0.0, 0.3, False), (0.2, 0.1, True)])
+def test_kl_and_entropy_terms_give_the_reference_gradient(kl_coef, entropy_coef, with_ref):
+    """One GRPO update with plain SGD (lr 1) moves the actor by minus the gradient of the loss
+    written from the full logits: the k3 KL to the batch's `ref_logprobs` (else the behaviour
+    log-probs) and the entropy bonus of the current policy, both default 0."""
+    import optax
+
+    cfg = get_model_config("tiny", n_layers=1, d_model=32, n_heads=2, n_kv_heads=1, head_dim=16,
+                           d_ff=64, vocab_size=VOCAB)
+    model = Decoder(cfg, rngs=nnx.Rngs(0))
+    graph, params, rest = nnx.split(model, nnx.Param, ...)
+    params = nnx.to_pure_dict(params)
+    fns = nnx_model_fns(model, chunk_size=8)
+    batch = make_batch(seed=3)
+    rng = np.random.default_rng(4)
+    adv = jnp.asarray(np.where(batch["loss_mask"], rng.normal(size=(B, L)), 0.0), jnp.float32)
+    ref = jnp.asarray(np.log(rng.uniform(0.02, 0.2, (B, L))), jnp.float32)
+    full = {**batch, "is_recovery": jnp.zeros((B,), bool), "advantages": adv}
+    if with_ref:
+        full["ref_logprobs"] = ref
+    state = create_train_state(actor_params=fns.actor_params, actor_optimizer=optax.sgd(1.0))
+    new, metrics = updates.grpo_update(
+        state, full, actor_logprobs=fns.actor_logprobs, actor_optimizer=optax.sgd(1.0),
+        group_size=B, kl_coef=kl_coef, entropy_coef=entropy_coef,
+        actor_logprobs_entropy=fns.actor_logprobs_entropy)
+    reference = ref if with_ref else batch["logprobs"]
+    grad = jax.grad(lambda p: _reference_regularised_loss(graph, p, rest, batch, adv, reference,
+                                                          kl_coef, entropy_coef))(params)
+    want = jax.tree.map(lambda p, g: p - g, params, grad)
+    assert max_abs_diff(new.actor_params, want) < 1e-5
+    if entropy_coef:
+        assert "actor/entropy" in metrics
+    if kl_coef:
+        assert float(metrics["actor/kl_ref"]) > 0.0
+
+
+def test_an_entropy_bonus_without_the_entropy_function_is_named():
+    cfg = get_model_config("tiny", n_layers=1, d_model=32, n_heads=2, n_kv_heads=1, head_dim=16,
+                           d_ff=64, vocab_size=VOCAB)
+    fns = nnx_model_fns(Decoder(cfg, rngs=nnx.Rngs(0)), chunk_size=8)
+    import optax
+
+    state = create_train_state(actor_params=fns.actor_params, actor_optimizer=optax.sgd(1.0))
+    batch = {**make_batch(), "is_recovery": jnp.zeros((B,), bool)}
+    with pytest.raises(ValueError, match="entropy_coef=0.1 needs actor_logprobs_entropy"):
+        updates.grpo_update(state, batch, actor_logprobs=fns.actor_logprobs,
+                            actor_optimizer=optax.sgd(1.0), group_size=B, entropy_coef=0.1)

@@ -12,8 +12,20 @@ Each loss comes in two forms:
 * ``<name>(...) -> (loss, metrics)``: the finished global token mean, ``numerator / denominator``,
   and the metrics as masked means.
 
-Aggregation is the global token mean of SPEC §4: the sum over all masked tokens of the batch divided
-by their count (not a mean of per-sequence means).
+Aggregation (SPEC §4) is a choice, ``aggregation=`` of the policy losses (``AGGREGATIONS``):
+
+* ``"token_mean"`` (today's recipes): ``Σ_i m_i ℓ_i / Σ_i m_i``, the global token mean of the batch
+  (every token weighs the same, so long episodes weigh more);
+* ``"sequence_mean"``: the mean over sequences of each sequence's token mean,
+  ``Σ_s (Σ_{i∈s} m_i ℓ_i / n_s) / S`` (every episode weighs the same; a sequence is a row, or a
+  packed segment of a row when ``segment_ids`` are given);
+* ``"constant"`` (Dr. GRPO / DAPO): ``Σ_i m_i ℓ_i / (C · S)`` with a fixed ``C`` per sequence (default
+  the row length, the most tokens a row can hold): a token sum whose scale does not depend on the
+  lengths the batch happened to have.
+
+All three keep the numerator/denominator form: the per-token coefficient (``1`` or ``1/n_s``) depends
+on the token's own sequence only, which never straddles micro-batches, and the denominators (tokens,
+``S``, ``C·S``) add up over micro-batches, so accumulation stays exact.
 
 ReTerm weighting (``reterm_token_weights``, "every group weighs the same" by default, the literal
 reading as an option) turns the group objective
@@ -31,8 +43,10 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 __all__ = [
+    "AGGREGATIONS",
     "LossTerms",
     "accumulate",
+    "aggregate",
     "ppo_policy_loss",
     "ppo_policy_loss_terms",
     "reterm_token_weights",
@@ -46,31 +60,38 @@ EPS_LOW = 0.30
 EPS_HIGH = 5.00
 EPS_VALUE = 4.00
 RETERM_WEIGHTINGS = ("equal", "literal")   # see reterm_token_weights
+AGGREGATIONS = ("token_mean", "sequence_mean", "constant")   # see the module docstring
 
 
 class LossTerms(NamedTuple):
     """Sums over the masked tokens of one (micro-)batch; a pytree, so terms add with ``accumulate``.
 
-    numerator:   Σ_i m_i ℓ_i (the loss sum; differentiate this for accumulated gradients).
-    denominator: Σ_i m_i (number of masked tokens, float32).
-    metric_sums: {name: Σ_i m_i x_i} for every metric, averaged by the same denominator.
+    numerator:   Σ_i m_i c_i ℓ_i (the loss sum; differentiate this for accumulated gradients);
+                 ``c_i = 1``, or ``1/n_s`` under ``"sequence_mean"`` (``aggregate``).
+    denominator: Σ_i m_i (number of masked tokens, float32), or the sequences ``S`` /
+                 ``C · S`` of the other aggregations.
+    metric_sums: {name: Σ_i m_i x_i} for every metric, averaged by the masked token count.
+    tokens:      Σ_i m_i when the denominator is not the token count (``aggregation`` other than
+                 ``"token_mean"``), so the metrics stay masked token means; None otherwise.
     """
 
     numerator: Float[Array, ""]
     denominator: Float[Array, ""]
     metric_sums: dict[str, Float[Array, ""]]
+    tokens: Float[Array, ""] | None = None
 
     @property
     def loss(self) -> Float[Array, ""]:
-        """Global token mean ``numerator / max(denominator, 1)`` (0 for an all-masked batch)."""
+        """The aggregated loss ``numerator / max(denominator, 1)`` (0 for an all-masked batch)."""
         return self.numerator / jnp.maximum(self.denominator, 1.0)
 
     @property
     def metrics(self) -> dict[str, Float[Array, ""]]:
-        """Masked means of the metrics, plus ``num_tokens`` (the denominator)."""
-        d = jnp.maximum(self.denominator, 1.0)
+        """Masked token means of the metrics, plus ``num_tokens``."""
+        count = self.denominator if self.tokens is None else self.tokens
+        d = jnp.maximum(count, 1.0)
         out = {k: v / d for k, v in self.metric_sums.items()}
-        out["num_tokens"] = self.denominator
+        out["num_tokens"] = count
         return out
 
 
@@ -103,6 +124,56 @@ def _masked_sum(x: Array, mask: Array) -> Float[Array, ""]:
     return jnp.sum(jnp.where(mask, x, 0.0).astype(jnp.float32))
 
 
+def _sequence_tokens(mask: Bool[Array, "b l"], segment_ids: Int[Array, "b l"] | None
+                     ) -> tuple[Float[Array, "b l"], Float[Array, ""]]:
+    """``n_s`` at every token (the masked tokens of its sequence) and ``S`` (sequences with one)."""
+    batch, length = mask.shape
+    if segment_ids is None:
+        per_row = jnp.sum(mask, axis=1).astype(jnp.float32)
+        return jnp.broadcast_to(per_row[:, None], mask.shape), jnp.sum(per_row > 0).astype(jnp.float32)
+    seg = jnp.asarray(segment_ids, jnp.int32)
+    ids = (jnp.arange(batch, dtype=jnp.int32)[:, None] * (length + 1) + seg).reshape(-1)
+    counts = jax.ops.segment_sum(mask.reshape(-1).astype(jnp.float32), ids,
+                                 batch * (length + 1))
+    return counts[ids].reshape(mask.shape), jnp.sum(counts > 0).astype(jnp.float32)
+
+
+def aggregate(
+    per_token: Float[Array, "b l"],
+    mask: Bool[Array, "b l"],
+    metric_sums: dict[str, Float[Array, ""]],
+    *,
+    aggregation: str = "token_mean",
+    constant: float = 0.0,
+    segment_ids: Int[Array, "b l"] | None = None,
+) -> LossTerms:
+    """``LossTerms`` of per-token losses ``ℓ`` under an aggregation (the module docstring).
+
+    token_mean:    numerator ``Σ m ℓ``,       denominator ``Σ m``;
+    sequence_mean: numerator ``Σ m ℓ / n_s``, denominator ``S`` (sequences with a masked token);
+    constant:      numerator ``Σ m ℓ``,       denominator ``C · S`` (``C = constant``, or the row
+                   length ``L`` when ``constant <= 0``).
+    ``metric_sums`` are masked token sums; the metrics stay token means (``LossTerms.tokens``).
+    """
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"loss aggregation {aggregation!r} unknown; expected one of {AGGREGATIONS}")
+    mask = jnp.asarray(mask, bool)
+    if aggregation == "token_mean":      # the recipes' path: the same ops in the same order as before
+        return LossTerms(numerator=_masked_sum(per_token, mask),
+                         denominator=jnp.sum(mask).astype(jnp.float32), metric_sums=metric_sums)
+    tokens = jnp.sum(mask).astype(jnp.float32)
+    n_s, sequences = _sequence_tokens(mask, segment_ids)
+    if aggregation == "sequence_mean":
+        numerator = _masked_sum(per_token / jnp.maximum(n_s, 1.0), mask)
+        denominator = sequences
+    else:
+        c = float(constant) if constant > 0 else float(mask.shape[1])
+        numerator = _masked_sum(per_token, mask)
+        denominator = c * sequences
+    return LossTerms(numerator=numerator, denominator=denominator, metric_sums=metric_sums,
+                     tokens=tokens)
+
+
 def ppo_policy_loss_terms(
     logprobs: Float[Array, "b l"],
     old_logprobs: Float[Array, "b l"],
@@ -116,8 +187,12 @@ def ppo_policy_loss_terms(
     entropies: Float[Array, "b l"] | None = None,
     entropy_coef: float = 0.0,
     token_weights: Float[Array, "b l"] | None = None,
+    aggregation: str = "token_mean",
+    aggregation_constant: float = 0.0,
+    segment_ids: Int[Array, "b l"] | None = None,
 ) -> LossTerms:
-    """Sums of the asymmetric-clip PPO loss over masked tokens.
+    """Sums of the asymmetric-clip PPO loss over masked tokens, aggregated by ``aggregation``
+    (``aggregate``: token_mean | sequence_mean | constant, with ``aggregation_constant``).
 
     ``ρ_i = exp(logp_i − logp_old_i)``;
     ``ℓ_i = −w_i · min(ρ_i A_i, clip(ρ_i, 1−ε_low, 1+ε_high) A_i)
@@ -173,11 +248,8 @@ def ppo_policy_loss_terms(
         advantage=_masked_sum(adv, mask),
     )
     metric_sums = jax.tree.map(jax.lax.stop_gradient, metric_sums)
-    return LossTerms(
-        numerator=_masked_sum(per_token, mask),
-        denominator=jnp.sum(mask).astype(jnp.float32),
-        metric_sums=metric_sums,
-    )
+    return aggregate(per_token, mask, metric_sums, aggregation=aggregation,
+                     constant=aggregation_constant, segment_ids=segment_ids)
 
 
 def ppo_policy_loss(
@@ -285,6 +357,8 @@ def reterm_token_weights(
     *,
     num_groups: int | None = None,
     weighting: str = "equal",
+    aggregation: str = "token_mean",
+    aggregation_constant: float = 0.0,
 ) -> Float[Array, "b l"]:
     """Per-token weights that make ``ppo_policy_loss`` compute the ReTerm objective exactly.
 
@@ -307,6 +381,15 @@ def reterm_token_weights(
     so ``Σ_i m_i w_i s_i / N = J``. Compute the weights on the *whole* update before splitting it
     into micro-batches; then accumulated ``LossTerms`` (denominators summing to ``N``) stay exact.
 
+    ``aggregation`` says how ``J_g`` aggregates the group's tokens (the policy loss then takes the
+    token mean, ``"token_mean"``, which the weights' ``N`` cancels). With ``k_g`` the group's rows
+    holding a masked token and ``n_r`` the masked tokens of row ``r`` (one rollout per row):
+
+    * ``"token_mean"`` (above): ``J_g`` the token mean over the group, ``w_i ∝ 1/n_g``;
+    * ``"sequence_mean"``: ``J_g = 1/k_g Σ_r (token mean of row r)``, ``w_i = N c_g/(M k_g n_r)``;
+    * ``"constant"`` (Dr. GRPO): ``J_g = Σ_{i∈g} s_i / (k_g C)``, ``w_i = N c_g/(M k_g C)``, ``C =
+      aggregation_constant`` or the row length when that is ``<= 0``.
+
     Args:
       group_ids: [B] group of each row, integers in ``[0, num_groups)``.
       is_recovery: [B] whether the row belongs to a recovery group (constant within a group).
@@ -328,6 +411,9 @@ def reterm_token_weights(
         )
     if not jnp.issubdtype(group_ids.dtype, jnp.integer):
         raise ValueError(f"reterm_token_weights: 'group_ids' must be integers, got {group_ids.dtype}")
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"reterm_token_weights: aggregation={aggregation!r}; expected one of "
+                         f"{AGGREGATIONS}")
     if weighting not in RETERM_WEIGHTINGS:
         raise ValueError(f"reterm_token_weights: weighting={weighting!r}; expected one of "
                          f"{RETERM_WEIGHTINGS}")
@@ -345,9 +431,23 @@ def reterm_token_weights(
     else:
         class_count = jnp.where(group_is_recovery, m_recovery, m_original)
     total_tokens = jnp.sum(tokens_per_row)
-    group_weight = jnp.where(
+    if aggregation == "token_mean":
+        group_weight = jnp.where(
+            tokens_per_group > 0,
+            total_tokens * class_count / ((m_original + m_recovery)
+                                          * jnp.maximum(tokens_per_group, 1.0)),
+            0.0,
+        )
+        return jnp.where(mask, group_weight[group_ids][:, None], 0.0).astype(jnp.float32)
+    live_rows = jax.ops.segment_sum((tokens_per_row > 0).astype(jnp.float32), group_ids, num_groups)
+    per_group = jnp.where(
         tokens_per_group > 0,
-        total_tokens * class_count / ((m_original + m_recovery) * jnp.maximum(tokens_per_group, 1.0)),
+        total_tokens * class_count / ((m_original + m_recovery) * jnp.maximum(live_rows, 1.0)),
         0.0,
     )
-    return jnp.where(mask, group_weight[group_ids][:, None], 0.0).astype(jnp.float32)
+    if aggregation == "sequence_mean":
+        per_row = per_group[group_ids] / jnp.maximum(tokens_per_row, 1.0)
+    else:
+        c = float(aggregation_constant) if aggregation_constant > 0 else float(mask.shape[1])
+        per_row = per_group[group_ids] / c
+    return jnp.where(mask, per_row[:, None], 0.0).astype(jnp.float32)

@@ -111,22 +111,35 @@ def _grpo(batch, values, params):
     return adv, adv
 
 
+def _aggregation(params) -> dict[str, Any]:
+    """`aggregation` (token_mean | sequence_mean | constant, `tr.rl.losses.aggregate`) and
+    `aggregation_constant` of a config section; token_mean when the section has none."""
+    return {"aggregation": params.get("aggregation", "token_mean"),
+            "aggregation_constant": float(params.get("aggregation_constant", 0.0))}
+
+
 @register_policy_loss("ppo")
 def _ppo(logprobs, batch, params):
     """Asymmetric-clip PPO surrogate over `loss_mask` (`eps_low`, `eps_high`), ratio against
-    `old_logprobs`; per-token `token_weights` when the batch has them (ReTerm groups)."""
+    `old_logprobs`; per-token `token_weights` when the batch has them (ReTerm groups); aggregated
+    by `aggregation` (sequences: rows, or `segment_ids` segments); `kl_coef` · k3 KL to
+    `ref_logprobs` and `entropy_coef` · entropy when the batch carries them (`tr.train.updates`)."""
     return losses.ppo_policy_loss_terms(
         logprobs, batch["old_logprobs"], batch["advantages"], batch["loss_mask"],
         eps_low=params["eps_low"], eps_high=params["eps_high"],
-        token_weights=batch.get("token_weights"))
+        ref_logprobs=batch.get("ref_logprobs"), kl_coef=float(params.get("kl_coef", 0.0)),
+        entropies=batch.get("entropies"), entropy_coef=float(params.get("entropy_coef", 0.0)),
+        token_weights=batch.get("token_weights"), segment_ids=batch.get("segment_ids"),
+        **_aggregation(params))
 
 
 @register_policy_loss("reinforce")
 def _reinforce(logprobs, batch, params):
-    """`−Σ m A log π / Σ m`: the unclipped score-function surrogate (a baseline for ablations)."""
-    del params
+    """`−Σ m A log π`, aggregated by `aggregation` (token mean by default): the unclipped
+    score-function surrogate (a baseline for ablations)."""
     mask = jnp.asarray(batch["loss_mask"], bool)
     per = -jnp.where(mask, batch["advantages"] * logprobs, 0.0)
-    total = jnp.sum(per)
-    return losses.LossTerms(numerator=total, denominator=jnp.sum(mask).astype(jnp.float32),
-                            metric_sums={"pg_loss": jnp.sum(jnp.where(mask, per, 0.0))})
+    agg = _aggregation(params)
+    return losses.aggregate(per, mask, {"pg_loss": jnp.sum(jnp.where(mask, per, 0.0))},
+                            aggregation=agg["aggregation"], constant=agg["aggregation_constant"],
+                            segment_ids=batch.get("segment_ids"))

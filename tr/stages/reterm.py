@@ -44,6 +44,7 @@ import ml_collections
 import numpy as np
 
 from tr.models import embedded
+from tr.rl.losses import AGGREGATIONS
 from tr.stages import progress, scalars
 from tr.stages.registry import ConfigError
 
@@ -108,6 +109,9 @@ def defaults(kind: str) -> ml_collections.ConfigDict:
                   "eps_low": 0.30, "eps_high": 5.00,        # not in the paper: SPEC §4 defaults
                   "std_eps": 1e-6,                          # δ of the group normalisation
                   "group_weighting": "equal",               # or "literal" (tr/rl/losses.py)
+                  # how J_g aggregates a group's tokens (tr/rl/losses.py): the recipe's
+                  # token_mean, pinned here whatever the library default
+                  "aggregation": "token_mean", "aggregation_constant": 0.0,
                   "length": 1024,
                   "micro_batch_rows": MICRO_BATCH_ROWS}     # as sft.micro_batch_rows
         if kind == "reterm_grpo":
@@ -143,6 +147,9 @@ def resolve(stage_config, kind: str) -> ml_collections.ConfigDict:
         if config.grpo.group_weighting not in ("equal", "literal"):
             raise ConfigError(f"stage {config.name!r}: grpo.group_weighting = "
                               f"{config.grpo.group_weighting!r}: expected 'equal' or 'literal'")
+        if config.grpo.aggregation not in AGGREGATIONS:
+            raise ConfigError(f"stage {config.name!r}: grpo.aggregation = "
+                              f"{config.grpo.aggregation!r}: expected one of {AGGREGATIONS}")
     if kind == "reterm_grpo":
         if config.queue.sampling not in ("front", "uniform"):
             raise ConfigError(f"stage {config.name!r}: queue.sampling = {config.queue.sampling!r}"
@@ -553,15 +560,20 @@ def run_sft(stage_config, run_dir, **_) -> dict:
 # ----------------------------------------------------------------------------------------------
 # Stage kinds `grpo` and `reterm_grpo`.
 
-def group_rows(groups, *, length: int, rows: int | None = None):
+def group_rows(groups, *, length: int, group_size: int, rows: int | None = None):
     """Rows of whole groups (one rollout per row, reward = strict pass on the last actor token) and
-    `is_recovery`; a group with an uncounted episode, several windows or a row longer than
-    `length` is dropped whole.  With `rows`, padded to that many rows (all masks false: no group,
+    `is_recovery`; a group with an uncounted episode, several windows, a row longer than `length`
+    or other than `group_size` rollouts (one cancelled or lost) is dropped whole, so group `k`
+    holds rows `[k·group_size, (k+1)·group_size)`, the rows `grpo_update` assigns it
+    (`row // group_size`).  With `rows`, padded to that many rows (all masks false: no group,
     no loss; one compiled shape per stage).  Returns (batch | None, kept groups, dropped groups)."""
     from tr.agent.records import episode_to_sequences, pad_sequences
 
     seqs, is_rec, kept, dropped = [], [], [], 0
     for kind, recs in groups:
+        if len(recs) != group_size:
+            dropped += 1
+            continue
         group = []
         for rec in sorted(recs, key=lambda r: r.rollout_index):
             s = episode_to_sequences(rec, float(bool(rec.passed))) if rec.status.counts else []
@@ -595,7 +607,8 @@ def _grpo_step(rt: Runtime, g):
     from tr.train.updates import default_config
 
     key = ("grpo", float(g.learning_rate), int(g.group_size), float(g.eps_low),
-           float(g.eps_high), float(g.std_eps), str(g.group_weighting), int(g.micro_batch_rows))
+           float(g.eps_high), float(g.std_eps), str(g.group_weighting), int(g.micro_batch_rows),
+           str(g.aggregation), float(g.aggregation_constant))
     if key not in rt.steps:
         train_cfg = default_config()
         train_cfg.micro_batch_rows = int(g.micro_batch_rows)
@@ -605,6 +618,8 @@ def _grpo_step(rt: Runtime, g):
         train_cfg.grpo.eps_high = float(g.eps_high)
         train_cfg.grpo.std_eps = float(g.std_eps)
         train_cfg.grpo.group_weighting = str(g.group_weighting)
+        train_cfg.grpo.aggregation = str(g.aggregation)
+        train_cfg.grpo.aggregation_constant = float(g.aggregation_constant)
         rt.steps[key] = build_steps(train_cfg, actor_logprobs=rt.fns.actor_logprobs).grpo
     return rt.steps[key]
 
@@ -678,6 +693,7 @@ def run_grpo(stage_config, run_dir, *, kind: str = "grpo", **_) -> dict:
                 if rec.episode_id not in keep:
                     discard_snapshot_ref(rec.snapshot_ref)
             batch, _, dropped = group_rows(groups, length=int(g.length),
+                                           group_size=int(g.group_size),
                                            rows=n_groups * int(g.group_size))
             metrics = {}
             if batch is not None:

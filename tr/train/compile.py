@@ -51,8 +51,12 @@ class _OneRolloutPerRow:
 
 def build_steps(config: ml_collections.ConfigDict, *, actor_logprobs: ActorFn | None = None,
                 critic_values: CriticFn | None = None, mesh: Mesh | None = None,
-                state_sharding: TrainState | None = None, donate: bool = False) -> UpdateSteps:
+                state_sharding: TrainState | None = None, donate: bool = False,
+                actor_logprobs_entropy=None) -> UpdateSteps:
     """`jax.jit`-compiled update steps from `config` (see `tr.train.updates.default_config`).
+
+    `actor_logprobs_entropy` (`ModelFns.actor_logprobs_entropy`) is needed only for an entropy
+    bonus (`ppo.entropy_coef` / `grpo.entropy_coef` other than 0).
 
     With a `mesh`, the state is laid out as `state_sharding` (a TrainState of shardings, e.g.
     `tr.train.shardings.train_state_shardings`) on input and output, the batch keeps the sharding
@@ -107,7 +111,12 @@ def build_steps(config: ml_collections.ConfigDict, *, actor_logprobs: ActorFn | 
             group_size=int(config.grpo.group_size), eps_low=config.grpo.eps_low,
             eps_high=config.grpo.eps_high, std_eps=config.grpo.std_eps,
             policy_loss=config.grpo.get("policy_loss", "ppo"),
-            group_weighting=config.grpo.get("group_weighting", "equal")))))
+            group_weighting=config.grpo.get("group_weighting", "equal"),
+            aggregation=config.grpo.get("aggregation", "token_mean"),
+            aggregation_constant=float(config.grpo.get("aggregation_constant", 0.0)),
+            kl_coef=float(config.grpo.get("kl_coef", 0.0)),
+            entropy_coef=float(config.grpo.get("entropy_coef", 0.0)),
+            actor_logprobs_entropy=actor_logprobs_entropy))))
     if critic_values is not None:
         critic = compile_step(per_batch(functools.partial(
             updates.critic_update, critic_values=critic_values, critic_optimizer=critic_opt,
@@ -115,7 +124,8 @@ def build_steps(config: ml_collections.ConfigDict, *, actor_logprobs: ActorFn | 
     if actor_logprobs is not None and critic_values is not None:
         ppo = compile_step(per_batch(functools.partial(
             updates.ppo_update, actor_logprobs=actor_logprobs, critic_values=critic_values,
-            actor_optimizer=actor_opt, critic_optimizer=critic_opt, params=params)))
+            actor_optimizer=actor_opt, critic_optimizer=critic_opt, params=params,
+            actor_logprobs_entropy=actor_logprobs_entropy)))
     targets_fn = per_batch(functools.partial(updates.rollout_targets,
                                              actor_logprobs=actor_logprobs,
                                              critic_values=critic_values, params=params))

@@ -1,6 +1,7 @@
 """The pure functions of parameter pytrees the update steps are written over:
 
     actor_logprobs(actor_params, batch) -> logp [B, L]    log π(tokens[i] | tokens[<i]), 0 at i = 0
+    actor_logprobs_entropy(actor_params, batch) -> (logp, entropy) [B, L]   (entropy bonuses)
     critic_values(critic_params, batch) -> v [B, L]       pre-token values v_i = V(h_i)
 
 `nnx_model_fns` builds both from `tr.models` NNX modules (chunked log-probs).
@@ -17,6 +18,8 @@ from jaxtyping import Array, Float
 PyTree = Any
 Batch = dict[str, jax.Array]
 ActorFn = Callable[[PyTree, Batch], Float[Array, "b l"]]
+# (logp, entropy) [B, L]: the entropy of the (tempered) policy at each position, for entropy bonuses
+ActorEntropyFn = Callable[[PyTree, Batch], tuple[Float[Array, "b l"], Float[Array, "b l"]]]
 CriticFn = Callable[[PyTree, Batch], Float[Array, "b l"]]
 
 
@@ -28,6 +31,7 @@ class ModelFns:
     critic_values: CriticFn | None
     actor_params: PyTree
     critic_params: PyTree
+    actor_logprobs_entropy: ActorEntropyFn | None = None
 
 
 def nnx_model_fns(actor=None, critic=None, *, chunk_size: int = 1024,
@@ -48,7 +52,7 @@ def nnx_model_fns(actor=None, critic=None, *, chunk_size: int = 1024,
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
         return graphdef, nnx.to_pure_dict(params), rest
 
-    actor_fn = critic_fn = actor_params = critic_params = None
+    actor_fn = critic_fn = actor_params = critic_params = actor_entropy_fn = None
     if actor is not None:
         actor_graph, actor_params, actor_rest = split(actor)
 
@@ -58,10 +62,16 @@ def nnx_model_fns(actor=None, critic=None, *, chunk_size: int = 1024,
                                      batch.get("segment_ids"), chunk_size=chunk_size,
                                      temperature=temperature)
             return logp
+
+        def actor_entropy_fn(params, batch):
+            model = nnx.merge(actor_graph, params, actor_rest)
+            return token_logprobs(model, batch["tokens"], batch.get("positions"),
+                                  batch.get("segment_ids"), chunk_size=chunk_size,
+                                  with_entropy=True, temperature=temperature)
     if critic is not None:
         critic_graph, critic_params, critic_rest = split(critic)
 
         def critic_fn(params, batch):
             model = nnx.merge(critic_graph, params, critic_rest)
             return model(batch["tokens"], batch.get("positions"), batch.get("segment_ids"))
-    return ModelFns(actor_fn, critic_fn, actor_params, critic_params)
+    return ModelFns(actor_fn, critic_fn, actor_params, critic_params, actor_entropy_fn)

@@ -24,6 +24,14 @@ update. A `critic`/`ppo` step given a batch without `returns` computes the targe
 
 Explained variance `EV = 1 − Var(G − V_old)/Var(G)` over `actor_mask` is logged at every critic
 update as `critic/explained_variance`.
+
+**KL and entropy (default 0).** `kl_coef` (`ppo` / `grpo` sections) adds `β_KL · k3` per token,
+`k3 = exp(logp_ref − logp) − (logp_ref − logp) − 1`, with `logp_ref` the batch's `ref_logprobs`
+(a frozen reference's log-probs, computed by the caller, e.g. the Base's) or, when the batch has
+none, the behaviour log-probs `old_logprobs` (then the term is a penalty on drifting from the
+policy that sampled the batch: 0 at the first update of a batch). `entropy_coef` subtracts
+`β_H · H_i`, the entropy of the current (τ-tempered) policy at each loss token, which needs the
+`actor_logprobs_entropy` model function (`tr.train.model_fns.ModelFns`).
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ from tr.rl import advantages as adv_lib
 from tr.rl import losses
 from tr.rl import registry
 from tr.train.microbatch import accumulate, map_micro_batches
-from tr.train.model_fns import ActorFn, Batch, CriticFn, PyTree
+from tr.train.model_fns import ActorEntropyFn, ActorFn, Batch, CriticFn, PyTree
 from tr.train.optim import optimizer_config
 from tr.train.state import TrainState
 
@@ -68,6 +76,10 @@ def default_config() -> ml_collections.ConfigDict:
         "ppo": {
             "estimator": "tb_gae",     # tr.rl.registry: tb_gae | token_gae | ...
             "policy_loss": "ppo",      # tr.rl.registry: ppo | reinforce | ...
+            # tr.rl.losses.aggregate: token_mean (the recipes') | sequence_mean | constant (Dr.
+            # GRPO: Σ tokens / (C · sequences), C = aggregation_constant, or the row length if 0)
+            "aggregation": "token_mean",
+            "aggregation_constant": 0.0,
             "eps_low": 0.30,
             "eps_high": 5.00,
             "eps_value": 4.00,
@@ -86,8 +98,11 @@ def default_config() -> ml_collections.ConfigDict:
         # ReTerm-GRPO. The paper gives no clip range: eps_low/eps_high here are the PPO defaults
         # of SPEC §4, a config value. group_weighting: "equal" (every group weighs the same) or
         # "literal" (tr.rl.losses.reterm_token_weights).
+        # aggregation: how J_g aggregates a group's tokens (losses.reterm_token_weights).
         "grpo": {"group_size": 16, "eps_low": 0.30, "eps_high": 5.00, "std_eps": 1e-6,
-                 "policy_loss": "ppo", "group_weighting": "equal"},
+                 "policy_loss": "ppo", "group_weighting": "equal",
+                 "aggregation": "token_mean", "aggregation_constant": 0.0,
+                 "kl_coef": 0.0, "entropy_coef": 0.0},
         "num_micro_batches": 1,
         # > 0: micro-batches of this many rows whatever the batch size (num_micro_batches is then
         # rows / micro_batch_rows, read off each batch's shape), and the loop lays every batch out
@@ -121,7 +136,7 @@ def check_batch(kind: str, batch: Batch) -> None:
         if jnp.shape(value) != tuple(expected):
             raise ValueError(f"{kind} step: batch[{key!r}] has shape {jnp.shape(value)}, "
                              f"expected {tuple(expected)}")
-    for key in ("rewards", "logprobs") + TARGET_FIELDS:
+    for key in ("rewards", "logprobs", "ref_logprobs") + TARGET_FIELDS:
         if key in batch and not jnp.issubdtype(batch[key].dtype, jnp.floating):
             raise ValueError(f"{kind} step: batch[{key!r}] must be floating point, got "
                              f"{batch[key].dtype} (a fractional reward would be truncated)")
@@ -138,6 +153,32 @@ def _scale(tree: PyTree, denominator: jax.Array) -> PyTree:
 
 def _prefixed(prefix: str, metrics: dict) -> dict:
     return {f"{prefix}/{k}": v for k, v in metrics.items()}
+
+
+def _regularised(kind: str, params: Mapping, actor_logprobs_entropy: ActorEntropyFn | None):
+    """`(kl_coef, entropy_coef)` of `params`, checked: an entropy bonus needs the entropy fn."""
+    kl_coef = float(params.get("kl_coef") or 0.0)
+    entropy_coef = float(params.get("entropy_coef") or 0.0)
+    if entropy_coef and actor_logprobs_entropy is None:
+        raise ValueError(f"{kind} step: entropy_coef={entropy_coef} needs actor_logprobs_entropy "
+                         "(tr.train.model_fns.ModelFns.actor_logprobs_entropy)")
+    return kl_coef, entropy_coef
+
+
+def _with_reference(batch: Batch, kl_coef: float) -> Batch:
+    """The batch with `ref_logprobs` for the KL term: its own (a frozen reference's), else the
+    behaviour log-probs `old_logprobs`; unchanged when `kl_coef` is 0."""
+    if not kl_coef or "ref_logprobs" in batch:
+        return batch
+    return {**batch, "ref_logprobs": batch["old_logprobs"]}
+
+
+def _policy_inputs(actor_logprobs, actor_logprobs_entropy, entropy_coef, params, mb):
+    """`(logp, mb)` under `params`, with `entropies` in `mb` when the entropy bonus is on."""
+    if not entropy_coef:
+        return actor_logprobs(params, mb), mb
+    logp, entropy = actor_logprobs_entropy(params, mb)
+    return logp, {**mb, "entropies": entropy}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -267,27 +308,28 @@ def critic_update(state: TrainState, batch: Batch, *, critic_values: CriticFn,
 def ppo_update(state: TrainState, batch: Batch, *, actor_logprobs: ActorFn,
                critic_values: CriticFn, actor_optimizer: optax.GradientTransformation,
                critic_optimizer: optax.GradientTransformation, params: Mapping | None = None,
-               num_micro_batches: int = 1, **overrides) -> tuple[TrainState, dict]:
+               num_micro_batches: int = 1, actor_logprobs_entropy: ActorEntropyFn | None = None,
+               **overrides) -> tuple[TrainState, dict]:
     """One joint update of actor and critic on a prepared batch, each side with its own optimizer.
 
     The actor minimises the registered policy loss `params['policy_loss']` (PPO's asymmetric clip
     by default: `ρ = exp(logp − old_logprobs)`) over `loss_mask`; the critic the clipped value loss
-    over `actor_mask` against `old_values`, `returns`. KL and entropy terms are not wired in
-    (coefficients 0, the paper's setting); a non-zero coefficient raises. `overrides` replace
-    entries of `params` (e.g. `eps_low=0.2`).
+    over `actor_mask` against `old_values`, `returns`. `kl_coef` / `entropy_coef` (default 0,
+    the paper's setting) add the KL-to-reference and entropy terms (module docstring).
+    `overrides` replace entries of `params` (e.g. `eps_low=0.2`).
     """
     check_batch("ppo", batch)
     params = {**_params(params), **overrides}
-    if params.get("kl_coef") or params.get("entropy_coef"):
-        raise ValueError(f"ppo step: kl_coef={params.get('kl_coef')} and entropy_coef="
-                         f"{params.get('entropy_coef')} must be 0 (the paper's setting; reference "
-                         "log-probs are not wired in)")
+    kl_coef, entropy_coef = _regularised("ppo", params, actor_logprobs_entropy)
     full = _prepared(state, batch, actor_logprobs, critic_values, params, num_micro_batches)
+    full = _with_reference(full, kl_coef)
     policy_loss = registry.policy_loss(params["policy_loss"])
 
     def grad_fn(mb):
         def numerators(actor_params, critic_params):
-            policy = policy_loss(actor_logprobs(actor_params, mb), mb, params)
+            logp, pmb = _policy_inputs(actor_logprobs, actor_logprobs_entropy, entropy_coef,
+                                       actor_params, mb)
+            policy = policy_loss(logp, pmb, params)
             value = _value_terms(critic_values, critic_params, mb, params["eps_value"])
             return policy.numerator + value.numerator, (policy, value)
         return jax.grad(numerators, argnums=(0, 1), has_aux=True)(
@@ -320,7 +362,11 @@ def grpo_update(state: TrainState, batch: Batch, *, actor_logprobs: ActorFn,
                 actor_optimizer: optax.GradientTransformation, group_size: int,
                 eps_low: float = losses.EPS_LOW, eps_high: float = losses.EPS_HIGH,
                 std_eps: float = 1e-6, policy_loss: str = "ppo", num_micro_batches: int = 1,
-                group_weighting: str = "equal") -> tuple[TrainState, dict]:
+                group_weighting: str = "equal", aggregation: str = "token_mean",
+                aggregation_constant: float = 0.0, kl_coef: float = 0.0,
+                entropy_coef: float = 0.0,
+                actor_logprobs_entropy: ActorEntropyFn | None = None
+                ) -> tuple[TrainState, dict]:
     """One ReTerm-GRPO update of the actor over original and recovery groups.
 
     Rows come in consecutive groups of `group_size` rollouts of one task, one rollout per row
@@ -330,27 +376,38 @@ def grpo_update(state: TrainState, batch: Batch, *, actor_logprobs: ActorFn,
     group as a token mean (`losses.reterm_token_weights`; `group_weighting` "equal": every group
     weighs the same, so the recovery class carries M_R/(M_O+M_R); "literal": the formula as
     written, recovery M_R²/(M_O²+M_R²)). The clip range (`eps_low`, `eps_high`) is not given by the
-    ReTerm paper: it is the config's `grpo.eps_low/eps_high`. Advantages are `batch['advantages']`
-    when given, else `tr.rl.advantages.grpo_row_advantages` of the rows' rewards.
+    ReTerm paper: it is the config's `grpo.eps_low/eps_high`. `aggregation` says how `J_g`
+    aggregates the group's tokens: `token_mean` (the recipes'), `sequence_mean` (each rollout's
+    token mean, averaged over the group) or `constant` (Dr. GRPO: the group's token sum over
+    `k_g · C`). Advantages are `batch['advantages']` when given, else
+    `tr.rl.advantages.grpo_row_advantages` of the rows' rewards. `kl_coef` / `entropy_coef`
+    (default 0) as in `ppo_update` (module docstring).
     """
     check_batch("grpo", batch)
     rows = batch["tokens"].shape[0]
     params = {"group_size": group_size, "eps_low": eps_low, "eps_high": eps_high,
               "std_eps": std_eps}
+    kl_coef, entropy_coef = _regularised(
+        "grpo", {"kl_coef": kl_coef, "entropy_coef": entropy_coef}, actor_logprobs_entropy)
+    if kl_coef or entropy_coef:
+        params.update(kl_coef=kl_coef, entropy_coef=entropy_coef)
     advantages = batch.get("advantages")
     if advantages is None:
         advantages, _ = registry.estimator("grpo")(batch, None, params)
     group_ids = jnp.arange(rows, dtype=jnp.int32) // group_size
     weights = losses.reterm_token_weights(group_ids, batch["is_recovery"], batch["loss_mask"],
                                           num_groups=-(-rows // group_size),
-                                          weighting=group_weighting)
+                                          weighting=group_weighting, aggregation=aggregation,
+                                          aggregation_constant=aggregation_constant)
     full = {**batch, "advantages": advantages, "token_weights": weights,
             "old_logprobs": batch.get("old_logprobs", batch["logprobs"])}
+    full = _with_reference(full, kl_coef)
     loss_fn = registry.policy_loss(policy_loss)
 
     def grad_fn(mb):
         def numerator(p):
-            terms = loss_fn(actor_logprobs(p, mb), mb, params)
+            logp, pmb = _policy_inputs(actor_logprobs, actor_logprobs_entropy, entropy_coef, p, mb)
+            terms = loss_fn(logp, pmb, params)
             return terms.numerator, terms
         return jax.grad(numerator, has_aux=True)(state.actor_params)
 
