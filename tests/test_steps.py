@@ -263,8 +263,8 @@ def test_bad_batches_and_configs_are_refused_clearly(setup):
     with pytest.raises(ValueError, match="schedule 'exponential' unknown"):
         steps_lib.make_optimizer(config.critic.optimizer)
     config = make_config()
-    config.ppo.kl_coef = 0.1
-    with pytest.raises(ValueError, match="kl_coef=0.1"):
+    config.ppo.entropy_coef = 0.1   # KL and entropy terms work (issue 46); a bonus needs the entropy fn
+    with pytest.raises(ValueError, match="entropy_coef=0.1 needs actor_logprobs_entropy"):
         steps_lib.build_steps(config, actor_logprobs=fns.actor_logprobs,
                               critic_values=fns.critic_values).ppo(state, batch)
 
