@@ -203,11 +203,8 @@ def cmd_serve(args) -> int:
     print(f"serving {checkpoints.describe(loaded)} as model {server.model_name!r} at {server.url}",
           file=sys.stderr, flush=True)
     try:
-        server.thread.join()
-    except KeyboardInterrupt:
-        pass
+        server.serve_until_interrupted()
     finally:
-        server.close()
         policy.sampler.close()
     return 0
 

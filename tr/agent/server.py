@@ -152,6 +152,15 @@ class ChatServer:
         self.thread.join(timeout=10)
         self.batcher.close()
 
+    def serve_until_interrupted(self) -> None:
+        """Block until SIGINT (Ctrl-C), then close: what the serving commands do."""
+        try:
+            self.thread.join()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self.close()
+
     def __enter__(self) -> "ChatServer":
         return self
 
@@ -439,12 +448,7 @@ def main(argv=None) -> int:
     server = ChatServer(policy, layout, host=args.host, port=args.port,
                         max_output_tokens=args.max_output_tokens)
     print(f"serving {server.model_name} at {server.url}", file=sys.stderr, flush=True)
-    try:
-        server.thread.join()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.close()
+    server.serve_until_interrupted()
     return 0
 
 
