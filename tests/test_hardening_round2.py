@@ -31,6 +31,7 @@ from tr.envs.tasks import load_task
 from tr.envs.tasks import testscript
 from tr.envs.tasks.runner import prepare, sandbox_config, verify
 
+from test_hardening import Says
 from test_sandbox import backend, docker_problem  # noqa: F401
 
 SMALL = dict(memory_mb=768, pids=256, disk_mb=64, file_size_mb=256, cpu_time_s=120)
@@ -88,14 +89,19 @@ def attack(backend, task, script: str, markers=()):
         prepare(task, box, backend)
         r = agent(box, script)
         result = verify(task, box)
-        ran = []
-        for m in markers:
-            try:
-                box.read_file(f"/app/{m}")
-                ran.append(m)
-            except (SandboxError, OSError):
-                pass
-        return result, ran, r.output
+        return result, present(box, markers), r.output
+
+
+def present(box, markers) -> list[str]:
+    """The payload markers (files in /app) that exist in `box`: which hooks ran."""
+    found = []
+    for m in markers:
+        try:
+            box.read_file(f"/app/{m}")
+            found.append(m)
+        except (SandboxError, OSError):
+            pass
+    return found
 
 
 def c_payload(marker: str) -> str:
@@ -493,13 +499,7 @@ def test_an_idle_recovery_child_of_a_hooked_parent_fails(tmp_path, backend):
         snap = parent.snapshot()
         with parent.fork(snap) as child:
             result = verify(task, child)
-            ran = set()
-            for hook in HOOKS:
-                try:
-                    child.read_file(f"/app/hook-{hook}")
-                    ran.add(hook)
-                except (SandboxError, OSError):
-                    pass
+            ran = {m.removeprefix("hook-") for m in present(child, [f"hook-{h}" for h in HOOKS])}
     assert not result.strict_pass, f"an idle child passed on {backend}:\n{result.log}"
     assert ran <= MAY_RUN[backend], f"hooks planted in the parent ran in the child's verifier " \
         f"on {backend}: {sorted(ran)}"
@@ -515,19 +515,6 @@ def test_a_tb1_collection_error_is_a_failed_check_not_a_crash(tmp_path):
     result, _, _ = attack("local", task, "true")
     assert result.error is None and not result.strict_pass, (result.error, result.error_detail)
     assert [c.outcome for c in result.checks] == ["error"], result.checks
-
-
-class Says:
-    """The agent of an episode: fixed commands in order, then DONE."""
-
-    def __init__(self, commands):
-        self.commands = list(commands)
-
-    def __call__(self, request):
-        from tr.agent.harness import format_action
-        from tr.agent.transcript import Generation
-        command = self.commands.pop(0) if self.commands else None
-        return Generation(text=format_action("next", command))
 
 
 def test_a_reterm_recovery_episode_that_does_nothing_earns_no_pass(tmp_path, backend):
