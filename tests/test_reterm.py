@@ -66,6 +66,10 @@ def check_resumed(run: pathlib.Path, state: pathlib.Path, before: dict) -> None:
     assert lines[1]["recovery_groups"] == 0          # the queue is empty after a resume
     summary = json.loads((run / "reterm_grpo" / "summary.json").read_text())
     assert summary["retained_step"] == 2 and summary["finished_step"] == 2
+    # the counts of recovery groups span the update made before the kill and the one after
+    assert summary["recovery_groups"] == {
+        "sampled": sum(x["recovery_groups"] for x in lines),
+        "with_signal": sum(x["recovery_groups_with_signal"] for x in lines)}
     assert json.loads((run / "report.json").read_text())["stages"]["reterm_grpo"] == summary
     assert not list(state.glob("snapshots/*"))
 
@@ -118,6 +122,15 @@ def check_quick_run(run: pathlib.Path, state: pathlib.Path) -> None:
     assert d["kept"] >= 1 and report["stages"]["sft"]["rows"] >= 1
     curve = report["curves"]["reterm_grpo"]
     assert curve[1]["recovery_groups"] == min(1, q["inserted"]) and q["sampled"] == curve[1]["recovery_groups"]
+    # issue 46: the recovery groups trained on, and those with reward variance (a GRPO gradient);
+    # with one recovery group per update, it has variance iff its pass rate is strictly inside (0, 1)
+    groups = report["recovery_groups"]
+    assert groups["sampled"] == sum(line["recovery_groups"] for line in curve) == q["sampled"]
+    for line in curve:
+        inside = line["recovery_reward"] is not None and 0 < line["recovery_reward"] < 1
+        assert line["recovery_groups_with_signal"] == int(line["recovery_groups"] == 1 and inside)
+    assert groups["with_signal"] == sum(line["recovery_groups_with_signal"] for line in curve)
+    assert f"{groups['sampled']} recovery groups trained on" in (run / "report.md").read_text()
     # nothing leaked: every persisted snapshot of the run was discarded
     assert state.is_dir() and not list(state.glob("snapshots/*"))
 

@@ -382,6 +382,16 @@ def _truncate_metrics(path: pathlib.Path, step: int) -> None:
         path.write_text("".join(x + "\n" for x in kept))
 
 
+def has_signal(group) -> bool:
+    """Whether a group's counted rollouts differ in strict pass (else GRPO's advantage is 0 on
+    every row: no gradient)."""
+    return len({bool(r.passed) for r in group if r.status.counts}) > 1
+
+
+def _read_lines(path: pathlib.Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
 def _append(path: pathlib.Path, line: dict) -> None:
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(line, sort_keys=True) + "\n")
@@ -660,6 +670,9 @@ def run_grpo(stage_config, run_dir, *, kind: str = "grpo", **_) -> dict:
         if start == 0 and config.eval.at_start:
             val.evaluate(opened, 0, state.actor_params, val_tasks)
         total, n_groups = int(g.updates), int(g.m_original) + int(g.m_recovery)
+        earlier = _read_lines(metrics_path)       # a resumed stage keeps its counts
+        sampled_recovery = sum(int(x.get("recovery_groups", 0)) for x in earlier)
+        with_signal = sum(int(x.get("recovery_groups_with_signal", 0)) for x in earlier)
         for step in range(start + 1, total + 1):
             seed = int(config.seed) * 7919 + step
             rng = random.Random(seed)
@@ -702,6 +715,10 @@ def run_grpo(stage_config, run_dir, *, kind: str = "grpo", **_) -> dict:
             else:       # nothing to learn from: the step still counts (one checkpoint per update)
                 state = state.replace(step=state.step + 1)
 
+            signal = [has_signal(recs) for k, recs in groups if k == "recovery"]
+            sampled_recovery += len(parents)
+            with_signal += sum(signal)
+
             def mean_pass(which):
                 xs = [bool(r.passed) for k, recs in groups if k == which for r in recs
                       if r.status.counts]
@@ -710,6 +727,7 @@ def run_grpo(stage_config, run_dir, *, kind: str = "grpo", **_) -> dict:
             line = {
                 "step": step, "update": step, "original_reward": mean_pass("original"),
                 "recovery_reward": mean_pass("recovery"), "recovery_groups": len(parents),
+                "recovery_groups_with_signal": sum(signal),
                 "dropped_groups": dropped, "queue": len(queue) if queue is not None else 0,
                 **({"queue_stats": queue.stats()} if queue is not None else {}), **metrics}
             _append(metrics_path, line)
@@ -723,6 +741,7 @@ def run_grpo(stage_config, run_dir, *, kind: str = "grpo", **_) -> dict:
                    "group_weighting": g.group_weighting, "wall_s": time.monotonic() - t0}
         if queue is not None:
             summary["queue"] = queue.stats()
+            summary["recovery_groups"] = {"sampled": sampled_recovery, "with_signal": with_signal}
         return _finish(opened, state, summary, val)
     finally:
         if queue is not None:
@@ -737,8 +756,7 @@ def run_reterm_grpo(stage_config, run_dir, **kw) -> dict:
 
 def curve(run_dir, stage: str) -> list[dict]:
     """A GRPO stage's metrics lines (the reward curves of original and recovery groups)."""
-    path = pathlib.Path(run_dir) / stage / "metrics.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    return _read_lines(pathlib.Path(run_dir) / stage / "metrics.jsonl")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -918,6 +936,7 @@ def run(config, workdir):
                         "inserted": reterm_summary["queue"]["inserted"],
                         "evicted": reterm_summary["queue"]["evicted"],
                         "sampled": reterm_summary["queue"]["sampled"]},
+              "recovery_groups": reterm_summary["recovery_groups"],
               "heldout": {"states": len(heldout), **held_stats},
               "queue_sweep": sweep,
               "curves": {"grpo": curve(workdir, "grpo"), "reterm_grpo": curve(workdir, "reterm_grpo")},
@@ -953,7 +972,9 @@ def report_md(report: dict) -> str:
               f"Recoveries see {seen}; SFT rows: {sft.get('recovery_rows')} recovery + "
               f"{sft.get('plain_rows')} plain (sft.plain_share {report['config']['plain_share']}).",
               f"Queue: capacity {report['queue']['capacity']} ({report['queue']['sampling']}), "
-              f"{report['queue']['inserted']} inserted, {report['queue']['evicted']} evicted.",
+              f"{report['queue']['inserted']} inserted, {report['queue']['evicted']} evicted; "
+              f"{report['recovery_groups']['sampled']} recovery groups trained on, "
+              f"{report['recovery_groups']['with_signal']} with reward variance (a gradient).",
               "", "Recovery rate by rule-based error category of the held-out failure:", "",
               "| arm | " + " | ".join(
                   sorted({c for v in report["arms"].values() for c in v["recovery"]["by_category"]}))
