@@ -31,7 +31,7 @@ from tr.agent.records import (
 
 BATCH_FIELDS = TRAINING_FIELDS + ("segment_ids", "positions")
 SFT_FIELDS = ("tokens", "loss_mask")          # what an SFT sequence needs (ReTerm's rows hold no more)
-IN_MEMORY = grain.ReadOptions(num_threads=0)  # sequences already in memory: no reader threads
+_IN_MEMORY = grain.ReadOptions(num_threads=0)  # sequences already in memory: no reader threads
 
 
 class EpisodeShardSource:
@@ -219,7 +219,7 @@ def packed_batches(seqs: Sequence[dict], *, batch: int, length: int, seed: int,
     ``batch`` rows open at once; segments 1, 2, ... per sequence, 0 on padding; the model derives
     positions from them), cut into batches.  A row may hold the end of one epoch and the start of
     the next.  Deterministic in ``seed``: a stage resumed at update ``s`` skips ``s`` batches."""
-    ds = batch_dataset(epochs(seqs, seed=seed).to_iter_dataset(IN_MEMORY), batch_size=batch,
+    ds = batch_dataset(epochs(seqs, seed=seed).to_iter_dataset(_IN_MEMORY), batch_size=batch,
                        length=length, pack=True, pad_id=pad_id, drop_remainder=True,
                        fields=SFT_FIELDS)
     return ds.map(lambda b: {k: b[k] for k in SFT_FIELDS + ("segment_ids",)})
@@ -235,7 +235,7 @@ def pack_rows(seqs: Sequence[dict], length: int, *, multiple: int = 1, pad_id: i
     Returns the arrays and each row's sequence indices in segment order (segment k = entry k-1)."""
     order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]["tokens"]))
     ds = grain.MapDataset.source([{**seqs[i], "index": np.int64(i)} for i in order])
-    rows = list(_pack(ds.to_iter_dataset(IN_MEMORY), length=length, bins=max(1, len(seqs)),
+    rows = list(_pack(ds.to_iter_dataset(_IN_MEMORY), length=length, bins=max(1, len(seqs)),
                       fields=TRAINING_FIELDS, pad_id=pad_id, meta=("index",)))
     total = max(1, -(-len(rows) // multiple)) * multiple
     empty = {k: np.zeros(length, TRAINING_DTYPES.get(k, np.int32)) for k in BATCH_FIELDS}
