@@ -31,11 +31,11 @@ def train_parent(run_dir: pathlib.Path, tasks: int, steps: int, seed: int = 0) -
     import jax
     from flax import nnx
 
+    from tr.data.episodes import packed_batches
     from tr.models.config import get_model_config
     from tr.models.critic import CriticModel
     from tr.models.decoder import Decoder
     from tr.models import embedded
-    from tr.stages import base
     from tr.train.checkpoint import StageStore
     from tr.train.compile import build_steps
     from tr.train.model_fns import nnx_model_fns
@@ -46,7 +46,7 @@ def train_parent(run_dir: pathlib.Path, tasks: int, steps: int, seed: int = 0) -
     if (run_dir / "base" / "summary.json").exists():
         return
     tokenizer = embedded.load_tokenizer()
-    seqs = demo_sequences(tasks, tokenizer, seed) * 4   # base.batches needs >= `batch` rows a pass
+    seqs = demo_sequences(tasks, tokenizer, seed) * 4
     model_config = get_model_config(embedded.MODEL, **SMALL)
     model = Decoder(model_config, rngs=nnx.Rngs(seed))
     fns = nnx_model_fns(model, CriticModel(model_config, rngs=nnx.Rngs(seed + 1)))
@@ -56,7 +56,7 @@ def train_parent(run_dir: pathlib.Path, tasks: int, steps: int, seed: int = 0) -
     sft = build_steps(train, actor_logprobs=fns.actor_logprobs).sft
     state = create_train_state(actor_params=fns.actor_params, actor_optimizer=opt,
                                critic_params=fns.critic_params, seed=seed)
-    data = base.batches(seqs, batch=4, length=512, pad_id=tokenizer.pad_id, seed=seed)
+    data = iter(packed_batches(seqs, batch=4, length=512, pad_id=tokenizer.pad_id, seed=seed))
     for _ in range(steps):
         state, metrics = sft(state, next(data))
     print(f"parent: {len(seqs)} demo sequences, {steps} SFT updates, loss "

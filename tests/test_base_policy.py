@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tr.agent import runbook as rb
+from tr.data.episodes import packed_batches
 from tr.envs import gym
 from tr.models import embedded
 from tr.stages import base
@@ -279,17 +280,19 @@ def test_copy_batches_previous_token_rows_then_packed_span_repeats():
         assert not mask[seg == 0].any()
 
 
-def test_with_copy_rows_replaces_the_last_rows_of_each_demo_batch():
+def test_with_copy_rows_appends_copy_rows_below_each_demo_batch():
     tok = embedded.load_tokenizer()
     ordinary = base.ordinary_ids(tok)
     seqs = [{"tokens": [5, 6, 7, 8] * 10, "loss_mask": [True] * 40}] * 8
-    plain = base.batches(seqs, batch=4, length=64, pad_id=tok.pad_id, seed=0)
-    mixed = base.with_copy_rows(base.batches(seqs, batch=4, length=64, pad_id=tok.pad_id, seed=0),
+    plain = iter(packed_batches(seqs, batch=3, length=64, pad_id=tok.pad_id, seed=0))
+    mixed = base.with_copy_rows(iter(packed_batches(seqs, batch=3, length=64, pad_id=tok.pad_id,
+                                                    seed=0)),
                                 rows=1, ordinary_ids=ordinary, span=(4, 8), seed=0)
     for _ in range(3):
         a, b = next(plain), next(mixed)
-        assert (a["tokens"][:3] == b["tokens"][:3]).all()              # demo rows untouched
-        assert (a["loss_mask"][:3] == b["loss_mask"][:3]).all()
+        assert b["tokens"].shape == (4, 64) and set(b) == set(a)
+        for key in a:                                                    # demo rows untouched
+            assert (a[key] == b[key][:3]).all(), key
         assert set(b["tokens"][3][b["segment_ids"][3] > 0]) <= set(ordinary)
         assert b["segment_ids"][3].max() >= 4 and b["loss_mask"][3].any()
 

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tr.agent.records import (
-    EpisodeRecord, EpisodeStatus, Segment, episode_to_sequences, pack_sequences, pad_sequences,
-)
+from tr.agent.records import EpisodeRecord, EpisodeStatus, Segment, episode_to_sequences
+from tr.data.episodes import pack_rows
 from tr.models.config import get_model_config
 from tr.models.critic import CriticModel
 from tr.models.decoder import Decoder
@@ -43,31 +42,51 @@ def records():
     return [_record(i, rng) for i in range(12)]
 
 
-def test_pack_sequences_keeps_every_sequence_whole_in_its_segment(records):
+def first_fit_decreasing(lengths, length):
+    """The reference: each sequence, longest first (ties in input order), into the first row with
+    room, a new row when none has."""
+    rows, free = [], []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        r = next((r for r, f in enumerate(free) if f >= lengths[i]), None)
+        if r is None:
+            rows.append([])
+            free.append(length)
+            r = len(rows) - 1
+        rows[r].append(i)
+        free[r] -= lengths[i]
+    return rows
+
+
+def test_pack_rows_is_first_fit_decreasing_with_every_sequence_whole_in_its_segment(records):
     seqs = [episode_to_sequences(r, reward=float(r.passed))[0] for r in records]
-    batch, where = pack_sequences(seqs, LENGTH)
-    total = sum(len(s["tokens"]) for s in seqs)
-    assert batch["tokens"].shape[0] == where.max() + 1 < len(seqs)
-    assert batch["tokens"].shape[0] <= -(-total // LENGTH) + 1       # first-fit decreasing is tight here
-    for row in range(batch["tokens"].shape[0]):
+    lengths = [len(s["tokens"]) for s in seqs]
+    batch, placed = pack_rows(seqs, LENGTH, pad_id=3)
+    assert placed == first_fit_decreasing(lengths, LENGTH)
+    assert batch["tokens"].shape[0] == len(placed) < len(seqs)
+    assert batch["tokens"].shape[0] <= -(-sum(lengths) // LENGTH) + 1   # first-fit decreasing is tight here
+    for row, members in enumerate(placed):
         ids = batch["segment_ids"][row]
         used = ids > 0
-        assert used.sum() == sum(len(s["tokens"]) for s, r in zip(seqs, where) if r == row)
+        assert used.sum() == sum(lengths[i] for i in members)
         assert used[:used.sum()].all()                                  # padding at the end
-    for i, s in enumerate(seqs):
-        row = where[i]
-        segment = sorted({int(x) for x in batch["segment_ids"][row] if x})
-        # which segment of the row is sequence i: the k-th sequence placed in that row
-        k = [j for j in range(len(seqs)) if where[j] == row].index(i) + 1
-        assert k in segment
-        at = batch["segment_ids"][row] == k
-        for field in s:
-            np.testing.assert_array_equal(batch[field][row, at], s[field], err_msg=field)
-        np.testing.assert_array_equal(batch["positions"][row, at], np.arange(len(s["tokens"])))
-    with pytest.raises(ValueError, match="rows=1"):
-        pack_sequences(seqs, LENGTH, rows=1)
-    with pytest.raises(ValueError, match="row length 8"):
-        pack_sequences(seqs, 8)
+        assert (batch["tokens"][row][~used] == 3).all() and not batch["loss_mask"][row][~used].any()
+        for k, i in enumerate(members, start=1):
+            at = ids == k
+            for field in seqs[i]:
+                np.testing.assert_array_equal(batch[field][row, at], seqs[i][field], err_msg=field)
+            np.testing.assert_array_equal(batch["positions"][row, at], np.arange(lengths[i]))
+    with pytest.raises(ValueError, match="rows of length 8"):
+        pack_rows(seqs, 8)
+
+
+def test_pack_rows_rounds_up_to_the_multiple_with_empty_rows(records):
+    seqs = [episode_to_sequences(r, reward=float(r.passed))[0] for r in records]
+    batch, placed = pack_rows(seqs, LENGTH, multiple=8)
+    assert batch["tokens"].shape == (8, LENGTH) and placed[-1] == []
+    assert batch["segment_ids"][len(first_fit_decreasing([len(s["tokens"]) for s in seqs],
+                                                         LENGTH)):].max() == 0
+    empty, none = pack_rows([], LENGTH, multiple=4)
+    assert empty["tokens"].shape == (4, LENGTH) and none == [[]] * 4
 
 
 def test_training_arrays_pack_into_the_fewest_rows_of_the_multiple(records):
@@ -117,15 +136,15 @@ def test_packed_rows_give_the_same_targets_and_update_as_padded_rows(records, es
 
     # Each episode's targets, found by its tokens: padded row i holds episode i.
     seqs = [episode_to_sequences(r, reward=x)[0] for r, x in zip(records, rewards)]
-    _, where = pack_sequences(seqs, LENGTH)
-    for i, s in enumerate(seqs):
-        n = len(s["tokens"])
-        k = [j for j in range(len(seqs)) if where[j] == where[i]].index(i) + 1
-        at = np.asarray(packed["segment_ids"][where[i]]) == k
-        for field in ("old_logprobs", "old_values", "advantages", "returns"):
-            np.testing.assert_allclose(np.asarray(packed[field][where[i]])[at],
-                                       np.asarray(padded[field][i, :n]), atol=2e-5, rtol=2e-5,
-                                       err_msg=f"episode {i} {field}")
+    _, placed = pack_rows(seqs, LENGTH)
+    for row, members in enumerate(placed):
+        for k, i in enumerate(members, start=1):
+            n = len(seqs[i]["tokens"])
+            at = np.asarray(packed["segment_ids"][row]) == k
+            for field in ("old_logprobs", "old_values", "advantages", "returns"):
+                np.testing.assert_allclose(np.asarray(packed[field][row])[at],
+                                           np.asarray(padded[field][i, :n]), atol=2e-5, rtol=2e-5,
+                                           err_msg=f"episode {i} {field}")
     m_pad, m_pack = results["padded"][1], results["packed"][1]
     for key in m_pad:
         assert m_pack[key] == pytest.approx(m_pad[key], rel=1e-4, abs=1e-5), key

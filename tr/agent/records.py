@@ -285,52 +285,6 @@ def pad_sequences(
     return batch
 
 
-def pack_sequences(
-    seqs: Sequence[dict[str, np.ndarray]], length: int, *, rows: int | None = None,
-    multiple: int = 1, pad_id: int = 0,
-) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Packs sequences several to a row (first-fit decreasing) into ``[rows, length]`` arrays plus
-    ``segment_ids`` (1, 2, ... per sequence in its row, 0 on padding) and ``positions`` (from 0 per
-    sequence). Each sequence keeps its own ``dones``, so the advantage recursion stops at its end
-    and the attention mask at its segment. ``rows`` (default: the rows needed, at least one, rounded
-    up to a multiple of ``multiple``) pads with empty rows and raises if the sequences need more.
-    Returns the arrays and each sequence's row."""
-    order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]["tokens"]))
-    free: list[int] = []                       # free tokens per open row
-    where = np.zeros(len(seqs), np.int64)
-    for i in order:
-        n = len(seqs[i]["tokens"])
-        if n > length:
-            raise ValueError(f"sequence {i} has {n} tokens > row length {length}")
-        row = next((r for r, f in enumerate(free) if f >= n), len(free))
-        if row == len(free):
-            free.append(length)
-        free[row] -= n
-        where[i] = row
-    needed = len(free)
-    if rows is None:
-        rows = max(1, -(-needed // multiple)) * multiple
-    if needed > rows:
-        raise ValueError(f"{len(seqs)} sequences need {needed} packed rows of {length} tokens "
-                         f"> rows={rows}")
-    batch = {k: np.zeros((rows, length), TRAINING_DTYPES[k]) for k in TRAINING_FIELDS}
-    batch["tokens"][:] = pad_id
-    batch["segment_ids"] = np.zeros((rows, length), np.int32)
-    batch["positions"] = np.zeros((rows, length), np.int32)
-    fill = np.zeros(rows, np.int64)
-    segments = np.zeros(rows, np.int32)
-    for i, s in enumerate(seqs):          # input order inside a row: deterministic, readable
-        r, n = where[i], len(s["tokens"])
-        at = slice(fill[r], fill[r] + n)
-        for k in TRAINING_FIELDS:
-            batch[k][r, at] = s[k]
-        segments[r] += 1
-        batch["segment_ids"][r, at] = segments[r]
-        batch["positions"][r, at] = np.arange(n, dtype=np.int32)
-        fill[r] += n
-    return batch, where
-
-
 # ----------------------------------------------------------------------------------------------
 # Shards.
 

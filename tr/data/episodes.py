@@ -1,4 +1,9 @@
-"""grain input pipeline over episode record shards (JSONL, written by ``tr.agent.records``).
+"""grain input pipelines: the training path's row shuffling and packing, and episode record shards.
+
+    epochs(seqs, seed=S)                   # endless epochs, each grain's index shuffle (seed S + e)
+    padded_batches(seqs, batch=B, ...)[s]  # RSR SFT: update s's rows, one sequence each (random access)
+    packed_batches(seqs, batch=B, ...)     # Base / ReTerm SFT: endless first-fit packed batches
+    pack_rows(seqs, L, multiple=m)         # RPR / warm-up: one rollout batch in the fewest rows
 
     source   = EpisodeShardSource(paths)                  # random access: record i of all shards
     seqs     = sequence_dataset(source, reward_fn=...)    # IterDataset of 1-D SPEC §2 sequences
@@ -20,10 +25,13 @@ import grain.experimental as gex
 import numpy as np
 
 from tr.agent.records import (
-    TRAINING_DTYPES, TRAINING_FIELDS, EpisodeRecord, episode_to_sequences, parse_record_line,
+    TRAINING_DTYPES, TRAINING_FIELDS, EpisodeRecord, episode_to_sequences, pad_sequences,
+    parse_record_line,
 )
 
 BATCH_FIELDS = TRAINING_FIELDS + ("segment_ids", "positions")
+SFT_FIELDS = ("tokens", "loss_mask")          # what an SFT sequence needs (ReTerm's rows hold no more)
+_IN_MEMORY = grain.ReadOptions(num_threads=0)  # sequences already in memory: no reader threads
 
 
 class EpisodeShardSource:
@@ -96,10 +104,10 @@ def sequence_dataset(
                                   _RecordToSequences(reward_fn, loss_sources, keep))
 
 
-def _pad_one(seq: dict, length: int, pad_id: int) -> dict:
+def _pad_one(seq: dict, length: int, pad_id: int, fields: Sequence[str]) -> dict:
     n = len(_check_fits(seq, length)["tokens"])
     out = {}
-    for k in TRAINING_FIELDS:
+    for k in fields:
         row = np.zeros(length, TRAINING_DTYPES[k])
         row[:n] = seq[k]
         out[k] = row
@@ -111,8 +119,8 @@ def _pad_one(seq: dict, length: int, pad_id: int) -> dict:
     return out
 
 
-def _from_packed(row: dict, pad_id: int) -> dict:
-    out = {k: np.asarray(row[k], TRAINING_DTYPES[k]) for k in TRAINING_FIELDS}
+def _from_packed(row: dict, pad_id: int, fields: Sequence[str]) -> dict:
+    out = {k: np.asarray(row[k], TRAINING_DTYPES[k]) for k in fields}
     out["segment_ids"] = np.asarray(row["tokens_segment_ids"], np.int32)
     out["positions"] = np.asarray(row["tokens_positions"], np.int32)
     out["tokens"] = np.where(out["segment_ids"] == 0, np.int32(pad_id), out["tokens"])
@@ -136,18 +144,102 @@ def batch_dataset(
     pad_id: int = 0,
     drop_remainder: bool = False,
     packing_bins: int | None = None,
+    fields: Sequence[str] = TRAINING_FIELDS,
 ) -> grain.IterDataset:
-    """``[batch_size, length]`` batches of :data:`BATCH_FIELDS`.  ``pack``: first-fit packing of
-    several sequences per row (grain's ``FirstFitPackIterDataset``, ``packing_bins`` rows open at
-    once, default ``batch_size``).  A sequence longer than ``length`` raises ValueError."""
+    """``[batch_size, length]`` batches of ``fields`` plus ``segment_ids`` and ``positions``.
+    ``pack``: first-fit packing of several sequences per row (grain's ``FirstFitPackIterDataset``,
+    ``packing_bins`` rows open at once, default ``batch_size``).  A sequence longer than ``length``
+    raises ValueError."""
     if batch_size < 1 or length < 1:
         raise ValueError(f"batch_size={batch_size} and length={length} must be >= 1")
+    fields = tuple(fields)
     if pack:
-        ds = sequences.map(lambda s: _check_fits(s, length))
-        ds = gex.FirstFitPackIterDataset(
-            ds, length_struct={k: length for k in TRAINING_FIELDS},
-            num_packing_bins=packing_bins or batch_size, shuffle_bins=False)
-        ds = ds.map(lambda r: _from_packed(r, pad_id))
+        ds = _pack(sequences, length=length, bins=packing_bins or batch_size, fields=fields,
+                   pad_id=pad_id)
     else:
-        ds = sequences.map(lambda s: _pad_one(s, length, pad_id))
+        ds = sequences.map(lambda s: _pad_one(s, length, pad_id, fields))
     return ds.batch(batch_size, drop_remainder=drop_remainder)
+
+
+def _pack(sequences: grain.IterDataset, *, length: int, bins: int, fields: tuple[str, ...],
+          pad_id: int, meta: tuple[str, ...] = ()) -> grain.IterDataset:
+    """First-fit packed rows of ``fields`` (+ ``segment_ids``, ``positions``): each sequence goes
+    to the first of ``bins`` open rows it fits; one that fits none emits them all (in order, the
+    bins not shuffled).  ``meta``: per-sequence scalars, a row holds the list of its sequences'."""
+    def select(seq: dict) -> dict:
+        out = {k: np.asarray(seq[k], TRAINING_DTYPES[k]) for k in fields}
+        out.update({k: seq[k] for k in meta})
+        return _check_fits(out, length)
+
+    ds = gex.FirstFitPackIterDataset(
+        sequences.map(select), length_struct={k: length for k in fields}, num_packing_bins=bins,
+        shuffle_bins=False, meta_features=meta)
+    return ds.map(lambda r: {**_from_packed(r, pad_id, fields), **{k: r[k] for k in meta}})
+
+
+# ----------------------------------------------------------------------------------------------
+# The stages' training rows: sequences in memory, shuffled and packed by grain.
+
+def _shuffled(seqs: Sequence[dict], seed: int) -> grain.MapDataset:
+    if not seqs:
+        raise ValueError("no sequences to make training rows of")
+    return grain.MapDataset.source(list(seqs)).shuffle(seed=seed)
+
+
+def epochs(seqs: Sequence[dict], *, seed: int) -> grain.MapDataset:
+    """``seqs`` in endless epochs: element ``e·n + i`` is the i-th sequence of epoch ``e``, whose
+    order is grain's index shuffle seeded ``seed + e``.  Each epoch is a fresh permutation (every
+    sequence once per epoch), and any element is a function of its index alone."""
+    return _shuffled(seqs, seed).repeat()
+
+
+def padded_batches(seqs: Sequence[dict], *, batch: int, length: int, seed: int,
+                   pad_id: int = 0) -> grain.MapDataset:
+    """Random access: ``ds[step]`` is update ``step``'s ``[batch, length]`` rows of
+    :data:`TRAINING_FIELDS`, one sequence per row (``records.pad_sequences``).  Pass
+    ``p = step // ceil(n / batch)`` visits the sequences in epoch ``p`` of :func:`epochs`; the last
+    batch of a pass is filled with padding rows (token ``pad_id``, masks false), never only
+    padding.  A stage resumed at update ``s`` reads ``ds[s]``: nothing is replayed."""
+    def stack(chosen: Sequence[dict]) -> dict:
+        out = {k: np.zeros((batch, length), TRAINING_DTYPES[k]) for k in TRAINING_FIELDS}
+        out["tokens"][:] = pad_id
+        for k, v in pad_sequences(chosen, length, pad_id=pad_id).items():
+            out[k][:len(chosen)] = v
+        return out
+
+    if batch < 1:
+        raise ValueError(f"batch={batch} must be >= 1")
+    return _shuffled(seqs, seed).batch(batch, batch_fn=stack).repeat()
+
+
+def packed_batches(seqs: Sequence[dict], *, batch: int, length: int, seed: int,
+                   pad_id: int = 0) -> grain.IterDataset:
+    """Endless SFT batches ``{tokens, loss_mask, segment_ids}`` ``[batch, length]``: the
+    :func:`epochs` stream first-fit packed several sequences to a row (:func:`batch_dataset`,
+    ``batch`` rows open at once; segments 1, 2, ... per sequence, 0 on padding; the model derives
+    positions from them), cut into batches.  A row may hold the end of one epoch and the start of
+    the next.  Deterministic in ``seed``: a stage resumed at update ``s`` skips ``s`` batches."""
+    ds = batch_dataset(epochs(seqs, seed=seed).to_iter_dataset(_IN_MEMORY), batch_size=batch,
+                       length=length, pack=True, pad_id=pad_id, drop_remainder=True,
+                       fields=SFT_FIELDS)
+    return ds.map(lambda b: {k: b[k] for k in SFT_FIELDS + ("segment_ids",)})
+
+
+def pack_rows(seqs: Sequence[dict], length: int, *, multiple: int = 1, pad_id: int = 0
+              ) -> tuple[dict[str, np.ndarray], list[list[int]]]:
+    """One rollout batch packed into ``[rows, length]`` arrays of :data:`BATCH_FIELDS`: first-fit
+    decreasing (grain's first-fit packer, one bin per sequence, fed the sequences longest first,
+    ties in input order), so the rows are the fewest first-fit decreasing finds, at least one,
+    rounded up to a multiple of ``multiple`` with empty rows.  Each sequence keeps its own
+    ``dones``, so the advantage recursion stops at its end and the attention mask at its segment.
+    Returns the arrays and each row's sequence indices in segment order (segment k = entry k-1)."""
+    order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]["tokens"]))
+    ds = grain.MapDataset.source([{**seqs[i], "index": np.int64(i)} for i in order])
+    rows = list(_pack(ds.to_iter_dataset(_IN_MEMORY), length=length, bins=max(1, len(seqs)),
+                      fields=TRAINING_FIELDS, pad_id=pad_id, meta=("index",)))
+    total = max(1, -(-len(rows) // multiple)) * multiple
+    empty = {k: np.zeros(length, TRAINING_DTYPES.get(k, np.int32)) for k in BATCH_FIELDS}
+    empty["tokens"][:] = pad_id
+    rows += [empty] * (total - len(rows))
+    batch = {k: np.stack([r[k] for r in rows]) for k in BATCH_FIELDS}
+    return batch, [[int(i) for i in r.get("index", [])] for r in rows]

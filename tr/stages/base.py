@@ -148,42 +148,6 @@ def mask_first_action(seq: dict) -> dict:
     return {**seq, "loss_mask": seq["loss_mask"] & (seq["turn_ids"] != actor_turns.min())}
 
 
-def pack_rows(lengths, order, length: int) -> list[list[int]]:
-    """Greedy packing: sequences in `order`, a new row whenever the next one does not fit."""
-    rows, row, used = [], [], 0
-    for i in order:
-        if used + lengths[i] > length and row:
-            rows.append(row)
-            row, used = [], 0
-        row.append(int(i))
-        used += lengths[i]
-    if row:
-        rows.append(row)
-    return rows
-
-
-def batches(seqs, *, batch: int, length: int, pad_id: int, seed: int):
-    """Endless shuffled SFT batches of packed rows: tokens, loss_mask, segment_ids [batch, length]
-    (segments 1, 2, ... per sequence, 0 on padding; attention stays inside a segment)."""
-    rng = np.random.default_rng(seed)
-    lengths = [len(s["tokens"]) for s in seqs]
-    while True:
-        rows = pack_rows(lengths, rng.permutation(len(seqs)), length)
-        for start in range(0, len(rows) - batch + 1, batch):
-            out = {"tokens": np.full((batch, length), pad_id, np.int32),
-                   "loss_mask": np.zeros((batch, length), bool),
-                   "segment_ids": np.zeros((batch, length), np.int32)}
-            for r, row in enumerate(rows[start:start + batch]):
-                at = 0
-                for segment, i in enumerate(row, start=1):
-                    n = lengths[i]
-                    out["tokens"][r, at:at + n] = seqs[i]["tokens"]
-                    out["loss_mask"][r, at:at + n] = seqs[i]["loss_mask"]
-                    out["segment_ids"][r, at:at + n] = segment
-                    at += n
-            yield out
-
-
 def copy_batches(ordinary_ids: np.ndarray, *, batch: int, length: int, span: tuple[int, int],
                  prev_rows: int, seed: int):
     """Endless copy-only batches [batch, length] of random `ordinary_ids`: what a command needs to
@@ -222,17 +186,16 @@ def copy_batches(ordinary_ids: np.ndarray, *, batch: int, length: int, span: tup
 
 
 def with_copy_rows(data, *, rows: int, ordinary_ids: np.ndarray, span: tuple[int, int], seed: int):
-    """`data`'s batches with their last `rows` rows replaced by span-copy rows (`copy_batches`):
-    keeps the copy warm-up's induction head while the demos are learned."""
+    """`data`'s batches with `rows` span-copy rows (`copy_batches`) appended: keeps the copy
+    warm-up's induction head while the demos are learned."""
     copies = None
     for batch in data:
         if rows:
-            b, length = batch["tokens"].shape
+            length = batch["tokens"].shape[1]
             copies = copies or copy_batches(ordinary_ids, batch=rows, length=length, span=span,
                                             prev_rows=0, seed=seed)
             extra = next(copies)
-            for key in ("tokens", "loss_mask", "segment_ids"):
-                batch[key][b - rows:] = extra[key]
+            batch = {key: np.concatenate([batch[key], extra[key]]) for key in batch}
         yield batch
 
 
@@ -491,6 +454,7 @@ def train(config, run_dir: pathlib.Path, out_dir: pathlib.Path) -> dict:
     from flax import nnx
 
     from tr.agent.transcript import ChatLayout
+    from tr.data.episodes import packed_batches
     from tr.envs import gym
     from tr.models.decoder import Decoder
     from tr.train import steps as steps_lib
@@ -535,8 +499,8 @@ def train(config, run_dir: pathlib.Path, out_dir: pathlib.Path) -> dict:
     print(f"demos: {json.dumps(demo_stats, sort_keys=True)}", flush=True)
     if not seqs:
         raise RuntimeError("no demo sequence fits config.sft.length")
-    data = batches(seqs, batch=config.sft.batch, length=config.sft.length,
-                   pad_id=tokenizer.pad_id, seed=config.seed)
+    data = iter(packed_batches(seqs, batch=config.sft.batch - int(config.copy.rows),
+                               length=config.sft.length, pad_id=tokenizer.pad_id, seed=config.seed))
     data = with_copy_rows(data, rows=int(config.copy.rows), ordinary_ids=ordinary_ids(tokenizer),
                           span=tuple(config.copy.span), seed=config.seed + 1)
     val_tasks = gym.split_tasks("val", config.eval.val_count, seed=config.seed)

@@ -26,6 +26,7 @@ import numpy as np
 from tr.agent import evaluation
 from tr.agent.records import EpisodeRecord, episode_to_sequences, read_shard, write_shard
 from tr.agent.rollout import RolloutConfig, group_specs, run_rollouts
+from tr.data import episodes
 from tr.models import embedded
 from tr.stages import progress, scalars
 from tr.stages.registry import ConfigError  # noqa: F401  (re-exported for the stage kinds)
@@ -497,8 +498,9 @@ def training_arrays(records: Sequence[EpisodeRecord], rewards: Sequence[float], 
                     ) -> tuple[dict[str, np.ndarray], dict]:
     """`[rows, length]` SPEC §2 arrays of the counted records, one context window per row.
 
-    With `pack_multiple = m > 0` the windows are packed several to a row (`pack_sequences`: first-
-    fit decreasing, `segment_ids` and `positions` per window) and the batch has the fewest rows,
+    With `pack_multiple = m > 0` the windows are packed several to a row (`episodes.pack_rows`:
+    grain's first-fit packer fed the windows longest first, `segment_ids` and `positions` per
+    window) and the batch has the fewest rows,
     a multiple of m, that hold them (at most `rows`): the same tokens, masks and targets in fewer
     rows, so an update costs what the tokens cost, not what the padding costs. Token-mean losses
     and the advantage recursion (cut at each window's done) do not change; at most `rows / m`
@@ -510,7 +512,7 @@ def training_arrays(records: Sequence[EpisodeRecord], rewards: Sequence[float], 
     data are padding (all masks false). Too many rows, a window longer than `length`, or more
     windows than `num_windows` raise, naming the config field.
     """
-    from tr.agent.records import pack_sequences, pad_sequences  # pylint: disable=g-import-not-at-top
+    from tr.agent.records import pad_sequences  # pylint: disable=g-import-not-at-top
 
     if pack_multiple and (num_windows > 1 or rows % pack_multiple):
         raise ConfigError(f"arrays.pack_multiple={pack_multiple} needs train.ppo.num_windows = 1 "
@@ -541,7 +543,7 @@ def training_arrays(records: Sequence[EpisodeRecord], rewards: Sequence[float], 
                           f"arrays.length={length}")
     if pack_multiple:
         # at most `rows`: the windows fit `rows` one to a row, and m divides `rows`
-        batch, _ = pack_sequences(seqs, length, multiple=pack_multiple)
+        batch, _ = episodes.pack_rows(seqs, length, multiple=pack_multiple)
         packed_rows = batch["tokens"].shape[0]
         batch["window_ids"] = np.zeros(packed_rows, np.int32)
         batch["next_window_row"] = np.full(packed_rows, -1, np.int32)

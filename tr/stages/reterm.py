@@ -506,7 +506,7 @@ def run_sft(stage_config, run_dir, **_) -> dict:
     and the last step."""
     from tr.agent.recovery import read_shards, sft_sequences
     from tr.envs import gym
-    from tr.stages.base import batches
+    from tr.data.episodes import packed_batches
     from tr.stages.handoff import finished_summary
 
     config = resolve(stage_config, "reterm_sft")
@@ -541,8 +541,9 @@ def run_sft(stage_config, run_dir, **_) -> dict:
         if start == 0 and config.eval.at_start:
             val.evaluate(opened, 0, state.actor_params, val_tasks)
         sft = _sft_step(rt, config.sft.learning_rate, int(config.sft.micro_batch_rows))
-        data = batches(seqs, batch=int(config.sft.batch), length=int(config.sft.length),
-                       pad_id=rt.tokenizer.pad_id, seed=int(config.seed))
+        data = iter(packed_batches(seqs, batch=int(config.sft.batch),
+                                   length=int(config.sft.length), pad_id=rt.tokenizer.pad_id,
+                                   seed=int(config.seed)))
         for _ in range(start):      # the data order of a resumed stage continues where it was
             next(data)
         total = int(config.sft.steps)

@@ -38,8 +38,9 @@ import ml_collections
 import numpy as np
 
 from tr.agent import runbook as rb
-from tr.agent.records import episode_to_sequences, pad_sequences
+from tr.agent.records import episode_to_sequences
 from tr.agent.transcript import ChatLayout
+from tr.data.episodes import padded_batches
 from tr.stages import common, handoff, loop
 
 KIND = "rsr"
@@ -207,19 +208,6 @@ def sft_sequences(records, layout, system_prompt: str, replay_tasks_by_id, tasks
     return seqs, dropped
 
 
-def sft_batch(seqs, step: int, *, batch: int, length: int, seed: int) -> dict:
-    """Update `step`'s `[batch, length]` rows: pass `p = step // per_epoch` visits the sequences in
-    the permutation seeded `(seed, p)`; the last batch of a pass is filled with padding rows (all
-    masks false), never only padding."""
-    per_epoch = -(-len(seqs) // batch)
-    epoch, index = divmod(step, per_epoch)
-    order = np.random.default_rng([seed, epoch]).permutation(len(seqs))
-    chosen = [seqs[int(i)] for i in order[index * batch:(index + 1) * batch]]
-    arrays = pad_sequences(chosen, length)
-    pad = batch - len(chosen)
-    return {k: np.concatenate([v, np.zeros((pad, length), v.dtype)]) for k, v in arrays.items()}
-
-
 def run(stage_config, run_dir, **_) -> dict:
     config = common.resolve_stage_config(stage_config, defaults())
     done = handoff.finished_summary(run_dir, config.name)
@@ -329,9 +317,9 @@ def run(stage_config, run_dir, **_) -> dict:
         log.truncate(step)
         if step > 0 and _eval_due(step - 1, total, int(config.eval.every)):
             evaluate(state)        # killed after saving this step, before evaluating it
-        batch_size = int(r.batch)
+        rows = padded_batches(seqs, batch=int(r.batch), length=length, seed=seed) if seqs else None
         while step < total:
-            batch = sft_batch(seqs, step, batch=batch_size, length=length, seed=seed)
+            batch = rows[step]
             state, metrics = opened.steps.sft(state, {k: jax.numpy.asarray(v)
                                                       for k, v in batch.items()})
             metrics = common.to_host(metrics)
