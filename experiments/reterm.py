@@ -131,6 +131,12 @@ def get_config(variant: str = "default"):
         # beyond the paper: every (K, sampling) pair, each a ReTerm-GRPO run from the same SFT
         c.queue.sweep = tuple((k, s) for k in (4, 16, 64) for s in ("front", "uniform"))
     elif variant == "paper":
+        # Laid out to fit a v5p-128 slice (`termrl aot --config=experiments/reterm.py:paper`):
+        # heads, MLP and vocabulary over tensor = 8, tokens over context = 4, attention 1,024
+        # queries at a time, micro-batches of 2 rows (one per fsdp shard: 16,384 tokens a chip),
+        # each block recomputed; whole-sequence attention needed ~200 GiB of temporaries per chip
+        c.pod = pod.pod_config(fsdp=-1, tensor=8, context=4, remat="full", attention_chunk=1024)
+        c.aot = ml_collections.ConfigDict({"topology": "v5p-128"})
         c.model = "qwen3-8b"                          # the 9B-class config
         c.sft.batch, c.sft.learning_rate = 16, 5e-6
         c.grpo.m_original, c.grpo.m_recovery, c.grpo.group_size = 8, 2, 16
@@ -142,6 +148,6 @@ def get_config(variant: str = "default"):
         c.eval.temperature, c.eval.top_p = 1.0, 1.0
         c.queue.capacity = 64
         c.sft.plain_share = 0.0                       # the paper's SFT: recovery rows only
-        c.sft.micro_batch_rows = c.grpo.micro_batch_rows = 0   # the pod's num_micro_batches
+        c.sft.length = 65536                          # SFT and GRPO rows: a whole 65k context
         c.recovery.history_turns = 0                  # the whole history h_f
     return c

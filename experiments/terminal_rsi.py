@@ -205,19 +205,31 @@ def get_config(variant: str = "default"):
 
 
 def _paper(config) -> None:
-    """The seed's Table 1 and setup (SPEC §6)."""
-    config.pod = pod.pod_config(fsdp=-1, context=4)
+    """The seed's Table 1 and setup (SPEC §6), laid out to fit a v5p-128 slice.
+
+    `termrl aot --config=experiments/terminal_rsi.py:paper` compiles each stage's steps for
+    `aot.topology`; what had to change to fit (per-chip GiB of 95; the sampler at 64 rows): heads,
+    MLP and vocabulary over tensor = 8 and tokens over context = 4 (fsdp the rest: 2 on v5p-128),
+    attention 1,024 queries at a time and micro-batches of 4 rows (whole-sequence attention over
+    8 micro-batches needed 162 GiB of temporaries per chip), each block recomputed (remat 'full');
+    the episode context and the sampler's cache (the model's max_seq_len: `qwen3-27b-32k`) at the
+    summarisation threshold, 32,768 tokens, not the backbone's 262,144 (a 288-row cache of those
+    is ~20 TB);
+    the episode sampler at 64 rows (a cache row is 8 GiB: 288 of them do not fit 64 chips).
+    """
+    config.pod = pod.pod_config(fsdp=-1, tensor=8, context=4, remat="full", attention_chunk=1024)
+    config.aot = ml_collections.ConfigDict({"topology": "v5p-128"})
     d = config.stage_defaults
-    d.model = {"name": "qwen3-27b", "overrides": {}}
+    d.model = {"name": "qwen3-27b-32k", "overrides": {}}
     d.tasks = {"source": "suite", "suite": "/data/terminal-bench/tasks", "count": 0, "seed": 0}
-    d.rollout.update(concurrency=288, tasks_per_iteration=256, group_size=1, oversample=32,
-                     max_output_tokens=8192, max_turns=64, context=0)
+    d.rollout.update(concurrency=64, tasks_per_iteration=256, group_size=1, oversample=32,
+                     max_output_tokens=8192, max_turns=64, context=32768)
     d.arrays.update(rows=512, length=32768)
     d.eval.update(count=0, every=1, k=3)
     d.train.actor.optimizer.learning_rate = 5e-7
     d.train.critic.optimizer.learning_rate = 1.5e-5
     d.train.ppo.update(estimator="tb_gae", mini_batches=1, epochs=1)
-    d.train.micro_batch_rows = 0           # the pod's num_micro_batches (experiments/pod_scale.py)
+    d.train.micro_batch_rows = 4           # 128 micro-batches of the 512-row buffer: 16,384 tokens a chip
     rsr = {"tasks": 0, "explore_k": 4, "replay_m": 4}
     config.stages = stage_entries(calibration=4, rpr1_iterations=20, rpr2_iterations=18,
                                   rpr2_lr=1e-7, base=_base_entry("paper"), warmup_tasks=0,

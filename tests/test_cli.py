@@ -381,29 +381,33 @@ def _experiment(name, variant):
 
 
 def test_aot_plan_is_derived_from_the_recipes_paper_configs():
+    from tr.models.config import get_model_config
     from tr.stages import pod_plan
     from tr.train import aot
 
     rsi = _experiment("terminal_rsi", "paper")
     plan = pod_plan.experiment_plan(rsi)
     d = rsi.stage_defaults
-    assert plan.model.name == "qwen3-27b" and plan.pod == rsi.pod
-    batch = {"rows": d.arrays.rows, "length": d.arrays.length,
-             "micro_batches": plan.train.num_micro_batches}
+    assert plan.model.name == "qwen3-27b-32k" and plan.pod == rsi.pod and plan.aot.topology == "v5p-128"
+    # 512 rows x 32,768 tokens in micro-batches of train.micro_batch_rows = 4 rows
+    batch = {"rows": 512, "length": 32768, "micro_batches": 512 // 4}
     assert set(plan.shapes) == {"sft", "critic", "ppo", "sampler"}   # rsr, warmup, rpr stages
     for update in ("sft", "critic", "ppo"):
         assert plan.shapes[update].to_dict() == batch
-    # the stages' episode sampler caches the model's whole context (rollout.context 0)
-    from tr.models.config import get_model_config
-    context = get_model_config("qwen3-27b").max_seq_len
+    # the stages' episode sampler caches the model's whole context: 32,768 tokens
+    assert get_model_config("qwen3-27b-32k").max_seq_len == d.rollout.context == 32768
     assert plan.shapes.sampler.to_dict() == {"rows": d.rollout.concurrency,
-                                             "prompt_len": context - 8192, "new_tokens": 8192}
+                                             "prompt_len": 32768 - 8192, "new_tokens": 8192}
     assert set(aot.planned_steps(plan)) == {"sampler_prefill", "sampler_decode", "sft", "critic", "ppo"}
     reterm = _experiment("reterm", "paper")
     plan = pod_plan.experiment_plan(reterm)
     assert plan.model.name == "qwen3-8b" and plan.train.grpo.group_size == 16
-    assert plan.shapes.grpo.to_dict() == {"rows": 160, "length": 65536, "micro_batches": 1}
-    assert plan.shapes.sft.to_dict() == {"rows": 16, "length": 1024, "micro_batches": 1}
+    assert plan.pod == reterm.pod and plan.aot.topology == "v5p-128"
+    # GRPO rows are sft.length long (the stages' grpo.length), in micro-batches of 2 rows
+    assert plan.shapes.grpo.to_dict() == {"rows": 160, "length": 65536, "micro_batches": 80}
+    assert plan.shapes.sft.to_dict() == {"rows": 16, "length": 65536, "micro_batches": 8}
+    assert plan.shapes.sampler.to_dict() == {"rows": 16, "prompt_len": 65536 - 8192,
+                                             "new_tokens": 8192}
     assert set(aot.planned_steps(plan)) == {"sampler_prefill", "sampler_decode", "sft", "grpo"}
 
 
@@ -417,8 +421,17 @@ def test_termrl_aot_compiles_a_recipe_config(tmp_path):
     # quick: arrays 4 x 512, train.micro_batch_rows 2 -> 2 micro-batches
     assert report["shapes"]["ppo"] == {"rows": 4, "length": 512, "micro_batches": 2}
     assert report["steps"]["ppo"]["total_bytes"] > 0
+    # python -m tr.train.aot is the same command: the same report
+    module = subprocess.run([sys.executable, "-m", "tr.train.aot", "--config=experiments/terminal_rsi.py:quick",
+                             "--topology=cpu", "--json", "--steps=ppo"], cwd=ROOT, env=one_device,
+                            capture_output=True, text=True, timeout=900)
+    assert module.returncode == 0, module.stderr[-3000:]
+    assert json.loads(module.stdout) == report
     assert_one_line_error(termrl("aot", "--config=experiments/gae_demo.py", "--topology=cpu"),
                           "neither `shapes`")
+    assert_one_line_error(subprocess.run(
+        [sys.executable, "-m", "tr.train.aot", "--config=experiments/gae_demo.py", "--topology=cpu"],
+        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900), "neither `shapes`")
     assert_one_line_error(termrl("aot", "--config=experiments/terminal_rsi.py:quick",
                                  "--topology=v9z-3"), "termrl aot")
     # 4 rows over 8 fsdp devices: the step that cannot be laid out, named, in one line

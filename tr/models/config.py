@@ -152,6 +152,10 @@ _NAMED: dict[str, dict[str, Any]] = {
                       head_dim=128, d_ff=25600, tie_embeddings=False, max_seq_len=40960,
                       dtype="bfloat16", param_dtype="bfloat16", remat="full"),
 }
+# The same backbone with a 32,768-token context: Terminal-RSI's paper setting summarises an episode
+# at 32,768 tokens, and the stages' episode sampler caches the model's whole context per row (8 GiB
+# a row here, 64 GiB at 262,144). Same parameters and RoPE: only the longest position differs.
+_NAMED["qwen3-27b-32k"] = {**_NAMED["qwen3-27b"], "max_seq_len": 32768}
 
 MODEL_NAMES: tuple[str, ...] = tuple(_NAMED)
 

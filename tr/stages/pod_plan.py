@@ -8,11 +8,12 @@
   updates (`KIND_UPDATES`) on `arrays.rows` x `arrays.length` rows, in micro-batches of
   `train.micro_batch_rows` rows (0: the pod's `train.num_micro_batches`); the sampler as
   `common.episode_sampler` builds it: max(`MIN_SLOTS`, `rollout.concurrency`) rows caching the
-  model's whole context, `rollout.max_output_tokens` new tokens after the rest of it.
+  model's whole context (its `max_seq_len`, overrides applied), `rollout.max_output_tokens` new
+  tokens after the rest of it.
 * ReTerm (`job = 'reterm'`): `model`; SFT `sft.batch` x `sft.length`; GRPO `grpo.batch` rows
-  (groups of `grpo.group_size`) of `eval.context` tokens (0: the model's context); micro-batches
+  (groups of `grpo.group_size`) of `sft.length` tokens (its stages' `grpo.length`); micro-batches
   of `sft/grpo.micro_batch_rows` rows (0: `train.num_micro_batches`); the sampler as above with
-  `concurrency` and `eval.max_output_tokens`.
+  `concurrency` and `eval.max_output_tokens`, caching `eval.context` tokens (0: the model's).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def experiment_plan(config: ml_collections.ConfigDict) -> ml_collections.ConfigD
         overrides = dict(d.model.overrides or {})
         plan.model = ml_collections.ConfigDict({"name": name, "overrides": overrides})
         plan.train = d.train
-        context = int(d.rollout.get("context", 0) or 0) or get_model_config(name, **overrides).max_seq_len
+        context = get_model_config(name, **overrides).max_seq_len
         rows, length = int(d.arrays.rows), int(d.arrays.length)
         micro = _micro_batches(rows, int(d.train.micro_batch_rows), int(d.train.num_micro_batches))
         shapes = {}
@@ -80,7 +81,7 @@ def experiment_plan(config: ml_collections.ConfigDict) -> ml_collections.ConfigD
         sft_rows, grpo_rows = int(config.sft.batch), int(config.grpo.batch)
         shapes = {"sft": {"rows": sft_rows, "length": int(config.sft.length),
                           "micro_batches": _micro_batches(sft_rows, int(config.sft.micro_batch_rows), nmb)},
-                  "grpo": {"rows": grpo_rows, "length": context,
+                  "grpo": {"rows": grpo_rows, "length": int(config.sft.length),
                            "micro_batches": _micro_batches(grpo_rows, int(config.grpo.micro_batch_rows), nmb)},
                   "sampler": _sampler(int(config.concurrency), context,
                                       int(config.eval.max_output_tokens))}
