@@ -82,7 +82,8 @@ def test_cli_compiles_every_step_of_a_small_config_for_a_tpu_topology():
                             timeout=1800, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
-    assert set(report) == {"topology", "chips", "hbm_bytes", "steps", "fits"}
+    assert set(report) == {"topology", "chips", "hbm_bytes", "steps", "fits", "shapes", "model"}
+    assert report["shapes"] == pod_scale.get_config("small").shapes.to_dict()
     assert (report["topology"], report["chips"], report["hbm_bytes"]) == ("v5e:2x2", 4, 16 * aot.GiB)
     assert set(report["steps"]) == {"sampler_prefill", "sampler_decode", "sft", "critic", "ppo", "grpo"}
     for name, step in report["steps"].items():

@@ -1,6 +1,10 @@
 """Ahead-of-time compilation of every step a config runs, for a TPU topology, on a CPU host.
 
-  python -m tr.train.aot --config=experiments/X.py:variant --topology=v5p-128 [--json]
+  termrl aot --config=experiments/X.py:variant --topology=v5p-128 [--json] [--steps=a,b]
+  python -m tr.train.aot ...          the same command (it runs `python -m tr aot ...`)
+
+Both take a recipe's own config (`experiments/terminal_rsi.py:paper`): `tr.stages.pod_plan`
+derives the interface below from its stages, one code path in `tr/cli.py`.
 
 With `libtpu` installed (`TR_AOT=1 bash launch/setup.sh` adds `requirements-aot.txt`), JAX can
 describe a TPU slice's devices without owning one (`jax.experimental.topologies`) and compile for
@@ -38,16 +42,16 @@ The config interface (what a recipe config provides; LAYOUT.md lists it too):
 from __future__ import annotations
 
 import os
+import sys
 
-if __name__ == "__main__":  # the CLI compiles for TPU devices described, not owned: no TPU backend
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if __name__ == "__main__":  # `termrl aot` (tr/cli.py), which derives a recipe's shapes: exec'd
+    os.execv(sys.executable, [sys.executable, "-m", "tr", "aot", *sys.argv[1:]])  # before JAX loads
 
 # pylint: disable=wrong-import-position
 import dataclasses
 import json
 import math
 import re
-import sys
 from typing import Any, Callable
 
 import jax
@@ -398,32 +402,3 @@ def run(config: ml_collections.ConfigDict, workdir) -> dict[str, Any]:
     print(format_report(report))
     return report
 
-
-def main(argv: list[str]) -> None:
-    from absl import app, flags  # pylint: disable=g-import-not-at-top,import-outside-toplevel
-    from ml_collections import config_flags  # pylint: disable=g-import-not-at-top,import-outside-toplevel
-
-    config_flag = config_flags.DEFINE_config_file("config", None, "Experiment config file (and :variant).")
-    topology = flags.DEFINE_string("topology", None, "v5p-128, v5e-64, v5p:4x4x4, v5e:2x2, ... or cpu.")
-    as_json = flags.DEFINE_bool("json", False, "Print the JSON report instead of the table.")
-    only = flags.DEFINE_list("steps", [], "Compile only these steps (default: every step the config runs).")
-    flags.mark_flags_as_required(["config"])
-
-    def body(_):
-        try:
-            config = config_flag.value
-            name = topology.value or (config.aot.topology if "aot" in config else None)
-            if not name:
-                raise AotError("give --topology (or config.aot.topology)")
-            report = compile_report(config, name, only=tuple(only.value),
-                                    on_step=lambda n: print(f"compiling {n} ...", file=sys.stderr, flush=True))
-        except AotError as error:
-            sys.stderr.write(f"error: {error}\n")
-            sys.exit(2)
-        print(json.dumps(report, indent=2) if as_json.value else format_report(report))
-
-    app.run(body, argv=argv)
-
-
-if __name__ == "__main__":
-    main(sys.argv)
