@@ -16,7 +16,8 @@ Variants:
            capacity K in {4, 16, 64} x sampling front-first / uniform (report.json "queue_sweep")
   paper    the seed's settings (9B-class config, SFT batch 16 lr 5e-6, GRPO batch 160 = (8+2)x16,
            lr 5e-7, 8,192 generated tokens, 65k context, 32 turns, evaluation at temperature 1.0
-           seed 0): loads and validates only
+           seed 0): loads and validates only; `termrl aot --config=experiments/reterm.py:paper`
+           compiles its steps for v5p-128
 
 The clip range (grpo.eps_low/eps_high) is not given by the paper: SPEC §4's PPO defaults, a
 config value.  grpo.group_weighting: "equal" (every group weighs the same, so the recovery class

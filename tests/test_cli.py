@@ -411,6 +411,37 @@ def test_aot_plan_is_derived_from_the_recipes_paper_configs():
     assert set(aot.planned_steps(plan)) == {"sampler_prefill", "sampler_decode", "sft", "grpo"}
 
 
+@pytest.mark.parametrize("recipe", ["terminal_rsi", "reterm"])
+def test_termrl_aot_fits_the_recipes_paper_variant_on_its_own_topology(recipe):
+    """The recipe's own paper config, the topology it names (no --topology), its sampler's decode
+    step (the cheapest to compile; each recipe's docstring has every step on v5p-128): the shapes
+    are the recipe's, the KV cache is split over fsdp x tensor, and the step fits the chip."""
+    import importlib.util
+    if importlib.util.find_spec("libtpu") is None:
+        pytest.skip("LIBTPU IS NOT INSTALLED: the recipes' TPU compile is not checked "
+                    "(`TR_AOT=1 bash launch/setup.sh` installs requirements-aot.txt)")
+    from tr.models.config import get_model_config
+    from tr.stages import pod_plan
+
+    config = _experiment(recipe, "paper")
+    plan = pod_plan.experiment_plan(config)
+    result = termrl("aot", f"--config=experiments/{recipe}.py:paper", "--json",
+                    "--steps=sampler_decode", timeout=1800)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert (report["topology"], report["chips"]) == ("v5p-128", 64)
+    assert report["shapes"] == plan.shapes.to_dict() and list(report["steps"]) == ["sampler_decode"]
+    model = get_model_config(plan.model.name)
+    sampler = plan.shapes.sampler
+    # keys and values [layers, rows, slots, kv heads, head_dim] in bf16, rows over fsdp (2 of the
+    # 64 chips: 64 / (tensor 8 x context 4)) and kv heads over tensor (8)
+    cache = 2 * model.n_layers * sampler.rows * (sampler.prompt_len + sampler.new_tokens) \
+        * model.n_kv_heads * model.head_dim * 2 // (2 * 8)
+    step = report["steps"]["sampler_decode"]
+    assert cache <= step["argument_bytes"] <= cache + 2 * model.param_count()
+    assert step["fits"] is True and step["total_bytes"] <= report["hbm_bytes"]
+
+
 def test_termrl_aot_compiles_a_recipe_config(tmp_path):
     one_device = {k: v for k, v in ENV.items() if k != "XLA_FLAGS"}   # quick's 4 rows: one CPU
     result = termrl("aot", "--config=experiments/terminal_rsi.py:quick", "--topology=cpu", "--json",

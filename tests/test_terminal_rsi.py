@@ -253,7 +253,9 @@ def test_cells_command_reuses_a_seeds_finished_stages(quick_run, tmp_path):
 def test_paper_variant_loads_and_validates(tmp_path):
     config = experiment.get_config("paper")
     assert config.validate_only
-    assert config.stage_defaults.model.name == "qwen3-27b"
+    # the paper's backbone with the summarisation threshold's context (the sampler caches it)
+    assert config.stage_defaults.model.name == "qwen3-27b-32k"
+    assert config.stage_defaults.rollout.context == config.paper.summary_at_tokens == 32768
     assert config.stage_defaults.rollout.tasks_per_iteration == 256
     assert 256 + config.stage_defaults.rollout.oversample == 288
     assert config.stage_defaults.train.actor.optimizer.learning_rate == 5e-7
