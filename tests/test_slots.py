@@ -127,13 +127,24 @@ def test_evaluation_sampling_logprobs_are_the_processed_distribution(model, samp
 
 
 def test_slots_refill_while_a_long_request_decodes(sampler):
-    long = sampler.submit([1, 2, 3], SamplingParams(temperature=0.0, max_new_tokens=32), episode_id="long")
-    for i in range(4):  # short requests join free slots and leave while `long` keeps going
-        short = sampler.submit([4 + i, 5], SamplingParams(temperature=0.0, max_new_tokens=2), episode_id=f"s{i}")
+    """Four short requests on three slots beside a long one: the last two take the slots the first
+    two free, and all four finish while `long` keeps decoding. Finishing order is read from the
+    futures (not from the test thread's timing, which a loaded host can stall for many steps)."""
+    finished = []
+
+    def submit(prompt, new_tokens, name):   # a callback added at once runs in finishing order
+        future = sampler.submit(prompt, SamplingParams(temperature=0.0, max_new_tokens=new_tokens),
+                                episode_id=name)
+        future.add_done_callback(lambda _: finished.append(name))
+        return future
+
+    long = submit([1, 2, 3], 32, "long")
+    shorts = [submit([4 + i, 5], 2, f"s{i}") for i in range(4)]
+    for i, short in enumerate(shorts):
         assert len(short.result(timeout=60).token_ids) == 2
-        assert not long.done()
         sampler.end_episode(f"s{i}")
     assert len(long.result(timeout=60).token_ids) == 32
+    assert finished[-1] == "long" and sorted(finished[:-1]) == ["s0", "s1", "s2", "s3"], finished
     sampler.end_episode("long")
 
 
