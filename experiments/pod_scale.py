@@ -5,7 +5,7 @@
 
 The `aot` job (tr/train/aot.py) prints per-chip argument / output / temporary bytes of each step
 against the chip's HBM. The fields it reads are the ones a recipe config provides (LAYOUT.md):
-`model`, `pod` (mesh, axis rules, remat), `train` (tr.train.steps.default_config()), `shapes`.
+`model`, `pod` (mesh, axis rules, remat), `train` (tr.train.updates.default_config()), `shapes`.
 
 Variants:
   small         the tiny model, every step, on this host's CPU devices (seconds; the tests' setting)
@@ -35,7 +35,7 @@ the micro-batches shrank to 4 rows (rsi) / 2 rows (reterm); remat stayed 'full'.
 import ml_collections
 
 from tr.train import pod
-from tr.train import steps
+from tr.train.updates import default_config as train_defaults
 
 VARIANTS = ("small", "rsi_paper", "reterm_paper")
 
@@ -53,7 +53,7 @@ def get_config(variant: str = "small"):
     config = ml_collections.ConfigDict()
     config.job = "aot"
     config.aot = {"topology": "cpu"}
-    config.train = steps.default_config()
+    config.train = train_defaults()
     if variant == "small":
         config.model = "tiny"
         config.pod = pod.pod_config()

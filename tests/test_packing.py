@@ -15,7 +15,10 @@ from tr.models.config import get_model_config
 from tr.models.critic import CriticModel
 from tr.models.decoder import Decoder
 from tr.stages import common
-from tr.train import steps as steps_lib
+from tr.train.compile import build_steps
+from tr.train.model_fns import nnx_model_fns
+from tr.train.optim import make_optimizer
+from tr.train.updates import default_config
 from tr.train.state import create_train_state
 
 LENGTH = 128
@@ -93,16 +96,16 @@ def test_packed_rows_give_the_same_targets_and_update_as_padded_rows(records, es
                               d_ff=128, vocab_size=256, max_seq_len=LENGTH)
     actor = Decoder(config, rngs=nnx.Rngs(0))
     critic = CriticModel(config, rngs=nnx.Rngs(1))
-    fns = steps_lib.nnx_model_fns(actor, critic, chunk_size=64)
-    train = steps_lib.default_config()
+    fns = nnx_model_fns(actor, critic, chunk_size=64)
+    train = default_config()
     train.ppo.estimator = estimator
     train.ppo.gamma, train.ppo.lam = 0.99, 0.95       # token GAE with real decay: cuts must hold
     train.ppo.gamma_turn, train.ppo.lam_turn = 0.9, 0.8
-    steps = steps_lib.build_steps(train, actor_logprobs=fns.actor_logprobs,
-                                  critic_values=fns.critic_values)
+    steps = build_steps(train, actor_logprobs=fns.actor_logprobs,
+                        critic_values=fns.critic_values)
     state = create_train_state(actor_params=fns.actor_params, critic_params=fns.critic_params,
-                               actor_optimizer=steps_lib.make_optimizer(train.actor.optimizer),
-                               critic_optimizer=steps_lib.make_optimizer(train.critic.optimizer))
+                               actor_optimizer=make_optimizer(train.actor.optimizer),
+                               critic_optimizer=make_optimizer(train.critic.optimizer))
     rewards = [0.3 + float(r.passed) for r in records]
     results = {}
     for name, multiple in (("padded", 0), ("packed", 4)):
@@ -139,7 +142,7 @@ def test_packing_without_segment_ids_would_mix_episodes(records):
     causal sequence per row) give other log-probs to every episode after a row's first."""
     config = get_model_config("tiny", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16,
                               d_ff=128, vocab_size=256, max_seq_len=LENGTH)
-    fns = steps_lib.nnx_model_fns(Decoder(config, rngs=nnx.Rngs(0)), chunk_size=64)
+    fns = nnx_model_fns(Decoder(config, rngs=nnx.Rngs(0)), chunk_size=64)
     rewards = [float(r.passed) for r in records]
     arrays, _ = common.training_arrays(records, rewards, rows=12, length=LENGTH, pack_multiple=4)
     batch = {k: jnp.asarray(v) for k, v in arrays.items()}

@@ -10,7 +10,7 @@
               already copy names and numbers in context (300 updates of `copy_batches`, made once by
               `python -m tr.stages.embedded pretrain`), or "" for a random init then
               `copy.steps` copy updates in the run
-    sft       a fixed number of updates (`tr.train.steps` SFT step), evaluated on `val` at update
+    sft       a fixed number of updates (`tr.train.compile.build_steps` SFT step), evaluated on `val` at update
               `eval_start` and every `eval_every` updates after it (and at the last); the demos run
               in the sandboxes while the model is set up and its update compiled
     select    the checkpoint whose val Pass@1 is closest to `target` among those inside `band`
@@ -448,17 +448,19 @@ def sft_stepper(fns, actor_params, *, learning_rate: float, warmup: int, steps: 
     """(compiled SFT update, train state) for `steps` updates of `actor_params` with a fresh AdamW:
     lr warms up for `warmup` updates, then cosine to a tenth at `steps`; `micro_batch_rows`: the
     train config's (0: one pass over each batch)."""
-    from tr.train import steps as steps_lib
+    from tr.train.compile import build_steps
+    from tr.train.optim import make_optimizer
+    from tr.train.updates import default_config
     from tr.train.state import create_train_state
 
-    train_cfg = steps_lib.default_config()
+    train_cfg = default_config()
     train_cfg.micro_batch_rows = int(micro_batch_rows)
     opt = train_cfg.actor.optimizer
     opt.learning_rate, opt.schedule, opt.warmup_steps = learning_rate, "warmup_cosine", warmup
     opt.decay_steps, opt.end_learning_rate_factor = steps, 0.1
-    step = steps_lib.build_steps(train_cfg, actor_logprobs=fns.actor_logprobs).sft
+    step = build_steps(train_cfg, actor_logprobs=fns.actor_logprobs).sft
     state = create_train_state(actor_params=actor_params,
-                               actor_optimizer=steps_lib.make_optimizer(opt), seed=seed)
+                               actor_optimizer=make_optimizer(opt), seed=seed)
     return step, state
 
 
@@ -493,7 +495,7 @@ def train(config, run_dir: pathlib.Path, out_dir: pathlib.Path) -> dict:
     from tr.agent.transcript import ChatLayout
     from tr.envs import gym
     from tr.models.decoder import Decoder
-    from tr.train import steps as steps_lib
+    from tr.train.model_fns import nnx_model_fns
     from tr.train.checkpoint import StageStore
 
     _check(config)
@@ -516,7 +518,7 @@ def train(config, run_dir: pathlib.Path, out_dir: pathlib.Path) -> dict:
         demos = pool.submit(make_demos, config, tokenizer, layout)
         try:
             model = embedded.load_init(Decoder(model_cfg, rngs=nnx.Rngs(config.seed)), config.init)
-            fns = steps_lib.nnx_model_fns(model)
+            fns = nnx_model_fns(model)
             actor_params, copy_stats = fns.actor_params, {"steps": 0}
             if config.copy.steps:
                 actor_params, copy_stats = copy_warmup(config, fns, tokenizer, t_start)
