@@ -27,6 +27,7 @@ from tr.agent import evaluation
 from tr.agent.records import EpisodeRecord, episode_to_sequences, read_shard, write_shard
 from tr.agent.rollout import RolloutConfig, group_specs, run_rollouts
 from tr.models import embedded
+from tr.rewards import registry as reward_registry
 from tr.stages import progress, scalars
 from tr.stages.registry import ConfigError  # noqa: F401  (re-exported for the stage kinds)
 
@@ -465,27 +466,30 @@ def profile_scales(records: Sequence[EpisodeRecord], path: pathlib.Path, *,
 
 def episode_rewards(records: Sequence[EpisodeRecord], kind: str, scales: dict | None = None
                     ) -> np.ndarray:
-    """Per-record rewards: `strict` (S), `fdr` (max(P/D_f, 0)) or `spr` (S + P⁺/(P⁺ + D'_f)).
+    """Per-record rewards of the reward `kind` registers (`tr.rewards.registry`: `strict` S,
+    `fdr` max(P/D_f, 0), `spr` S + P⁺/(P⁺ + D'_f)).
 
     A family missing from the table gets scale 1 (the floor of `D_f`).
     """
-    from tr.rewards import shaping  # pylint: disable=g-import-not-at-top
-
+    reward = reward_kind(kind, "reward")
     rows = [trajectory_row(r) for r in records]
     strict = np.asarray([r["strict_pass"] for r in rows], np.float32)
-    if kind == "strict":
-        return strict
-    if kind not in ("fdr", "spr"):
-        raise ConfigError(f"reward {kind!r}: expected 'strict', 'fdr' or 'spr'")
-    if scales is None:
-        raise ConfigError(f"reward {kind!r} needs a family scale table")
-    field = "D" if kind == "fdr" else "D_prime"
-    scale = np.asarray([float(scales.get(r["family"], {}).get(field, 1.0)) for r in rows],
-                       np.float32)
     matched = np.asarray([r["matched"] for r in rows], np.float32)
-    if kind == "fdr":
-        return np.asarray(shaping.fdr(matched, scale))
-    return np.asarray(shaping.spr(strict, matched, scale))
+    scale = None
+    if reward.needs_scales:
+        if scales is None:
+            raise ConfigError(f"reward {kind!r} needs a family scale table")
+        scale = np.asarray([float(scales.get(r["family"], {}).get(reward.scale_field, 1.0))
+                            for r in rows], np.float32)
+    return reward.fn(strict, matched, scale)
+
+
+def reward_kind(kind: str, field: str) -> reward_registry.Reward:
+    """The registered reward `kind` names; ConfigError naming the config `field` and the
+    registered rewards otherwise."""
+    if kind not in reward_registry.rewards():
+        raise ConfigError(f"{field} = {kind!r}: expected one of {reward_registry.rewards()}")
+    return reward_registry.reward(kind)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@
     phase 2  `rpr.iterations` iterations of joint PPO: `train.ppo.epochs x mini_batches` updates
              per rollout batch, targets computed once per batch (TB-GAE with γ_turn, λ_turn, or
              token GAE: `train.ppo.estimator`)
-    rewards  `rpr.reward`: fdr | spr (| strict) with the profiled table
+    rewards  `rpr.reward`: a registered reward (`tr.rewards.registry`: fdr | spr | strict),
+             with the profiled table where it reads one
     launch   `rollout.oversample` extra rollouts, the first N to finish kept (the engine's keep-first;
              the paper's 288 → 256)
     retain   the step with the best `val` Pass@1 (`summary.json: retained_step`), never `test`
@@ -32,9 +33,7 @@ def defaults() -> ml_collections.ConfigDict:
 
 
 def _check(config) -> None:
-    if config.rpr.reward not in ("fdr", "spr", "strict"):
-        raise common.ConfigError(f"stage {config.name!r}: rpr.reward = {config.rpr.reward!r}; "
-                                 "expected 'fdr', 'spr' or 'strict'")
+    common.reward_kind(config.rpr.reward, f"stage {config.name!r}: rpr.reward")
     common.check_on_policy(config)
 
 
@@ -51,7 +50,7 @@ def run(stage_config, run_dir, **_) -> dict:
         actor.sync(opened.state.actor_params)
 
         scales = None
-        if config.rpr.reward != "strict":
+        if common.reward_kind(config.rpr.reward, "rpr.reward").needs_scales:
             profile_tasks = train_tasks[:int(config.rpr.profile_tasks) or None]
             records, _ = common.cached_rollouts(
                 opened.stage_dir / "profile-rollouts.jsonl",
