@@ -32,7 +32,7 @@ from tr.models.config import get_model_config  # noqa: E402
 from tr.models.critic import CriticModel  # noqa: E402
 from tr.models.decoder import Decoder  # noqa: E402
 from tr.models import embedded  # noqa: E402
-from tr.stages import common  # noqa: E402
+from tr.stages.arrays import training_arrays  # noqa: E402
 from tr.train.compile import build_steps  # noqa: E402
 from tr.train.model_fns import nnx_model_fns  # noqa: E402
 from tr.train.optim import make_optimizer  # noqa: E402
@@ -109,8 +109,8 @@ def main() -> None:
           f"median of {args.repeats}")
     results = {}
     for name, multiple in (("padded", 0), ("packed", args.multiple)):
-        arrays, stats = common.training_arrays(records, rewards, rows=args.rows,
-                                               length=args.length, pack_multiple=multiple)
+        arrays, stats = training_arrays(records, rewards, rows=args.rows,
+                                        length=args.length, pack_multiple=multiple)
         batch = {k: jnp.asarray(v) for k, v in arrays.items()}
         start = time.perf_counter()
         one_batch(batch)                                   # compile + first run

@@ -42,7 +42,7 @@ STAGES_IMPORTERS = {
         "experiments/main.py": "the entry point: resolves the config's job (tr.stages.registry)",
         "experiments/base_policy.py": "the Base job's settings are tr.stages.base.defaults",
         "experiments/terminal_rsi.py": "the ablation's arms and factors (tr.stages.terminal_rsi)",
-        "bench/bench_packing.py": "benchmarks tr.stages.common.training_arrays itself",
+        "bench/bench_packing.py": "benchmarks tr.stages.arrays.training_arrays itself",
         "bench/probe_recovery.py": "a probe of the ReTerm stage's recovery rollouts",
         "bench/rl_learning.py": "the RL learning benchmark trains with the stages' own runtime",
 }

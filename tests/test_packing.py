@@ -14,7 +14,8 @@ from tr.agent.records import (
 from tr.models.config import get_model_config
 from tr.models.critic import CriticModel
 from tr.models.decoder import Decoder
-from tr.stages import common
+from tr.stages.arrays import training_arrays
+from tr.stages.registry import ConfigError
 from tr.train.compile import build_steps
 from tr.train.model_fns import nnx_model_fns
 from tr.train.optim import make_optimizer
@@ -75,19 +76,19 @@ def test_pack_sequences_keeps_every_sequence_whole_in_its_segment(records):
 
 def test_training_arrays_pack_into_the_fewest_rows_of_the_multiple(records):
     rewards = [float(r.passed) for r in records]
-    padded, stats = common.training_arrays(records, rewards, rows=16, length=LENGTH)
-    packed, pstats = common.training_arrays(records, rewards, rows=16, length=LENGTH, pack_multiple=4)
+    padded, stats = training_arrays(records, rewards, rows=16, length=LENGTH)
+    packed, pstats = training_arrays(records, rewards, rows=16, length=LENGTH, pack_multiple=4)
     assert padded["tokens"].shape == (16, LENGTH) and stats["rows"] == 16
     assert pstats["rows"] == packed["tokens"].shape[0] == 4        # 12 episodes fit in <= 4 rows
     assert pstats["fill"] > 3 * stats["fill"]
     for k in ("actor_mask", "loss_mask", "dones"):
         assert packed[k].sum() == padded[k].sum(), k
     assert packed["rewards"].sum() == pytest.approx(padded["rewards"].sum())
-    with pytest.raises(common.ConfigError, match="pack_multiple=3"):
-        common.training_arrays(records, rewards, rows=16, length=LENGTH, pack_multiple=3)
-    with pytest.raises(common.ConfigError, match="num_windows"):
-        common.training_arrays(records, rewards, rows=16, length=LENGTH, num_windows=2,
-                               pack_multiple=4)
+    with pytest.raises(ConfigError, match="pack_multiple=3"):
+        training_arrays(records, rewards, rows=16, length=LENGTH, pack_multiple=3)
+    with pytest.raises(ConfigError, match="num_windows"):
+        training_arrays(records, rewards, rows=16, length=LENGTH, num_windows=2,
+                        pack_multiple=4)
 
 
 @pytest.mark.parametrize("estimator", ["tb_gae", "token_gae"])
@@ -109,8 +110,8 @@ def test_packed_rows_give_the_same_targets_and_update_as_padded_rows(records, es
     rewards = [0.3 + float(r.passed) for r in records]
     results = {}
     for name, multiple in (("padded", 0), ("packed", 4)):
-        arrays, _ = common.training_arrays(records, rewards, rows=12, length=LENGTH,
-                                           pack_multiple=multiple)
+        arrays, _ = training_arrays(records, rewards, rows=12, length=LENGTH,
+                                    pack_multiple=multiple)
         batch = {k: jnp.asarray(v) for k, v in arrays.items()}
         prepared = {**batch, **steps.targets(state, batch)}
         new_state, metrics = steps.ppo(state, prepared)
@@ -144,7 +145,7 @@ def test_packing_without_segment_ids_would_mix_episodes(records):
                               d_ff=128, vocab_size=256, max_seq_len=LENGTH)
     fns = nnx_model_fns(Decoder(config, rngs=nnx.Rngs(0)), chunk_size=64)
     rewards = [float(r.passed) for r in records]
-    arrays, _ = common.training_arrays(records, rewards, rows=12, length=LENGTH, pack_multiple=4)
+    arrays, _ = training_arrays(records, rewards, rows=12, length=LENGTH, pack_multiple=4)
     batch = {k: jnp.asarray(v) for k, v in arrays.items()}
     with_ids = np.asarray(fns.actor_logprobs(fns.actor_params, batch))
     without = np.asarray(fns.actor_logprobs(fns.actor_params, {

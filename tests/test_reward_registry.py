@@ -7,7 +7,9 @@ import pytest
 
 from tr.agent.records import EpisodeRecord, EpisodeStatus
 from tr.rewards import registry, rescore
-from tr.stages import common, rpr
+from tr.stages import rpr
+from tr.stages.stage_config import resolve_stage_config
+from tr.stages.stage_rewards import episode_rewards
 from tr.stages.registry import ConfigError
 
 STRICT = np.asarray([1, 0, 0, 1, 0], np.float32)
@@ -60,13 +62,13 @@ def test_episode_rewards_read_the_scale_column_of_the_record_family():
     # family z is not in the table: scale 1
     for name, scale in (("strict", None), ("fdr", [4, 2, 1]), ("spr", [2, 8, 1])):
         want = reference(name, strict, matched, np.asarray(scale or [1, 1, 1], np.float32))
-        np.testing.assert_allclose(common.episode_rewards(records, name, scales), want, rtol=1e-6)
+        np.testing.assert_allclose(episode_rewards(records, name, scales), want, rtol=1e-6)
     with pytest.raises(ConfigError, match="'fdr' needs a family scale table"):
-        common.episode_rewards(records, "fdr")
+        episode_rewards(records, "fdr")
 
 
 def test_a_stage_naming_an_unregistered_reward_is_refused_naming_the_field(tmp_path):
-    config = common.resolve_stage_config({"name": "r", "rpr": {"reward": "dense"}}, rpr.defaults())
+    config = resolve_stage_config({"name": "r", "rpr": {"reward": "dense"}}, rpr.defaults())
     with pytest.raises(ConfigError, match=r"stage 'r': rpr.reward = 'dense': expected one of "
                                           r"\['fdr', 'spr', 'strict'\]"):
         rpr.run(config, tmp_path)

@@ -151,7 +151,8 @@ def test_sample_clean_caps_each_task_then_each_family():
 
 
 def test_explore_sampling_defaults_to_the_rollouts_and_bad_values_name_the_field():
-    from tr.stages import common, rsr
+    from tr.stages import rsr
+    from tr.stages.registry import ConfigError
 
     config = rsr.defaults()
     config.name = "rsr-x"
@@ -164,5 +165,5 @@ def test_explore_sampling_defaults_to_the_rollouts_and_bad_values_name_the_field
         bad = rsr.defaults()
         bad.name = "rsr-x"
         bad.rsr[field] = value
-        with pytest.raises(common.ConfigError, match=f"rsr.{field}"):
+        with pytest.raises(ConfigError, match=f"rsr.{field}"):
             rsr._check(bad)

@@ -247,14 +247,14 @@ def ordinary_ids(tokenizer) -> np.ndarray:
 class Evaluator:
     """Pass@1 of the current parameters on a fixed task list, on an `EpisodeSampler` (compiled
     once).  Each request's key is `fold_in(key(seed), crc32(episode id, episode seed, turn))`
-    (`ModelPolicy.submit`), and the sampler's shapes are fixed (`common.MIN_SLOTS` rows, the full cache
+    (`ModelPolicy.submit`), and the sampler's shapes are fixed (`actor.MIN_SLOTS` rows, the full cache
     length, batch-invariant prefill) and the episode's wall-clock cap is far above need
     (`eval.wall_time_s`), so an evaluation is a function of (parameters, tasks, seed): the same
     episodes at any concurrency and any timing of the sandboxes."""
 
     def __init__(self, config, model, tokenizer):
         from tr.agent.policies import ModelPolicy
-        from tr.stages.common import episode_sampler
+        from tr.stages.actor import episode_sampler
 
         self.config, self.model, self.tokenizer = config, model, tokenizer
         self.sampler = episode_sampler(model, tokenizer, concurrency=config.concurrency,
@@ -650,7 +650,7 @@ def run(config, workdir: pathlib.Path) -> dict:
 # Stage kind `base` (tr.stages.pipeline)
 
 KIND = "base"
-# Fields of the pipeline's shared `stage_defaults` (tr.stages.common.stage_defaults) that a Base
+# Fields of the pipeline's shared `stage_defaults` (tr.stages.stage_config.stage_defaults) that a Base
 # stage has no use for: ignored when they reach it through the merge, not an error.
 _SHARED_IGNORED = ("tasks", "critic_init", "train", "rollout", "arrays", "checkpoint", "eval.every",
                    "eval.k", "eval.count", "eval.at_start")

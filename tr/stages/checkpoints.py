@@ -30,7 +30,8 @@ import shutil
 from typing import Any
 
 from tr.models import embedded
-from tr.stages import common
+from tr.stages.actor import episode_sampler
+from tr.stages.stage_models import parent_model
 from tr.stages.registry import ConfigError
 
 HF_PREFIX = "hf:"
@@ -138,11 +139,11 @@ def _tokenizer(spec: str, model_config, where: str):
 
 def stage_graph(manifest: dict, where: str):
     """(ModelConfig, tokenizer, system prompt, {name, overrides}, tokenizer spec) a stage manifest
-    records (`common.parent_model`: a loop stage's `{name, overrides}` or the Base's size name)."""
+    records (`stage_models.parent_model`: a loop stage's `{name, overrides}` or the Base's size name)."""
     from tr.models.config import get_model_config  # pylint: disable=g-import-not-at-top
 
     try:
-        model, tokenizer_spec, prompt = common.parent_model(manifest)
+        model, tokenizer_spec, prompt = parent_model(manifest)
     except ConfigError as error:
         raise CheckpointError(f"{where}: {error}") from None
     try:
@@ -320,12 +321,12 @@ def export_hf(loaded: Loaded, out) -> list[str]:
 def model_policy(loaded: Loaded, *, concurrency: int = 16, max_new_tokens: int = 256,
                  temperature: float = 0.6, top_p: float = 0.95, seed: int = 0,
                  name: str | None = None):
-    """A `ModelPolicy` over the stages' batch-invariant `EpisodeSampler` (`common.episode_sampler`)
+    """A `ModelPolicy` over the stages' batch-invariant `EpisodeSampler` (`actor.episode_sampler`)
     with `loaded`'s weights and tokenizer; the caller closes `policy.sampler`."""
     from tr.agent.policies import ModelPolicy  # pylint: disable=g-import-not-at-top
 
-    sampler = common.episode_sampler(loaded.model, loaded.tokenizer, concurrency=concurrency,
-                                     max_new_tokens=max_new_tokens)
+    sampler = episode_sampler(loaded.model, loaded.tokenizer, concurrency=concurrency,
+                              max_new_tokens=max_new_tokens)
     return ModelPolicy(sampler, loaded.tokenizer, temperature=temperature, top_p=top_p, seed=seed,
                        name=name or loaded.source["spec"])
 

@@ -122,7 +122,7 @@ def defaults(kind: str) -> ml_collections.ConfigDict:
 
 
 def resolve(stage_config, kind: str) -> ml_collections.ConfigDict:
-    from tr.stages.common import resolve_stage_config
+    from tr.stages.stage_config import resolve_stage_config
 
     fields = defaults(kind)
     fields.lock()                    # an unknown field (top level too) raises, naming it
@@ -187,13 +187,13 @@ def teacher_thoughts(kind: str) -> tuple[str, str, str]:
 # shared by the stages and the arms' evaluation (parameters are swapped in place).
 
 class Actor:
-    """The runtime's sampler (`common.episode_sampler`: episode caches across turns, continuous
+    """The runtime's sampler (`actor.episode_sampler`: episode caches across turns, continuous
     batching, batch-invariant) and the policies over it; parameters are swapped in place.
     A policy's sampling seed is the `seed` it is asked for, nothing of the process's history, so an
     arm's evaluation samples the same in a resumed run or a lone re-evaluation."""
 
     def __init__(self, model, tokenizer, *, concurrency: int, max_output_tokens: int):
-        from tr.stages.common import episode_sampler
+        from tr.stages.actor import episode_sampler
 
         self.model, self.tokenizer = model, tokenizer
         self.sampler = episode_sampler(model, tokenizer,
@@ -633,7 +633,7 @@ def run_grpo(stage_config, run_dir, *, kind: str = "grpo", **_) -> dict:
     from tr.agent.recovery import CONDENSED_PROMPT, RecoveryQueue, failure_of_group
     from tr.agent.rollout import discard_snapshot_ref, group_specs, recovery_specs, run_rollouts
     from tr.envs import gym
-    from tr.stages.common import iteration_tasks
+    from tr.stages.splits import iteration_tasks
     from tr.stages.handoff import finished_summary
 
     config = resolve(stage_config, kind)
@@ -908,7 +908,7 @@ def run(config, workdir):
 
     dataset = summaries["sft"]["dataset"]
     reterm_summary = summaries["reterm_grpo"]
-    from tr.stages.common import machine_info  # pylint: disable=g-import-not-at-top
+    from tr.stages.machine import machine_info  # pylint: disable=g-import-not-at-top
     report = {"experiment": "reterm", "variant": config.variant, "seed": config.seed,
               "wall_s": time.monotonic() - t_start, "arms": arms,
               "machine": machine_info(),

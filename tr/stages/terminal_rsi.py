@@ -204,7 +204,7 @@ def _check_stage(kind: str, merged: dict) -> None:
     `rpr`, its value checks (a bad value -> ConfigError naming the field); nothing built."""
     import importlib  # pylint: disable=g-import-not-at-top
 
-    from tr.stages import common  # pylint: disable=g-import-not-at-top
+    from tr.stages.stage_config import resolve_stage_config  # pylint: disable=g-import-not-at-top
 
     if kind not in STAGE_KINDS or kind == "init":
         return
@@ -212,7 +212,7 @@ def _check_stage(kind: str, merged: dict) -> None:
     if kind == "base":
         module.stage_config(merged)
     elif hasattr(module, "defaults"):
-        resolved = common.resolve_stage_config(merged, module.defaults())
+        resolved = resolve_stage_config(merged, module.defaults())
         if kind in ("rsr", "rpr"):      # its value checks too, before anything runs
             module._check(resolved)     # pylint: disable=protected-access
 
@@ -413,7 +413,7 @@ def rescore_run(run_dir: pathlib.Path, stages: Sequence[str], scales_stage: str)
 
 
 def run(config, workdir) -> dict:
-    from tr.stages import common  # pylint: disable=g-import-not-at-top
+    from tr.stages.machine import machine_info  # pylint: disable=g-import-not-at-top
     t_start = time.monotonic()
     run_dir = pathlib.Path(workdir)
     info = validate(config)
@@ -468,7 +468,7 @@ def run(config, workdir) -> dict:
         "ablation": _ablation_info(config),
         "skipped": skipped, "stage_wall_s": times, "test_eval_s": eval_s,
         "compile_s": compile_s,
-        "test_tasks": len(tasks), "schedule": info["stages"], "machine": common.machine_info(),
+        "test_tasks": len(tasks), "schedule": info["stages"], "machine": machine_info(),
     }
     rpr_stages = [report_stages[r] for r in ("rpr1", "rpr2") if r in report_stages]
     rescored = rescore_run(run_dir, rpr_stages, rpr_stages[0]) if rpr_stages else None
