@@ -240,7 +240,7 @@ def test_demo_shares_over_one_are_one_clear_error():
     config = base.defaults("quick")
     config.demos.p_runbook = 0.9             # 0.3 + 0.2 + 0.9 > 1
     with pytest.raises(base.ConfigError, match=r"config\.demos shares .*p_runbook"):
-        base._check(config)
+        base.check_config(config)
 
 
 def test_a_mistake_demos_wrong_action_is_context_not_a_target():
@@ -298,23 +298,23 @@ def test_copy_config_errors_name_the_field():
     config = base.defaults("quick")
     config.copy.rows = config.sft.batch
     with pytest.raises(base.ConfigError, match=r"config\.copy\.rows"):
-        base._check(config)
+        base.check_config(config)
     config.copy.rows, config.copy.steps = 0, -1
     with pytest.raises(base.ConfigError, match=r"config\.copy\.steps"):
-        base._check(config)
+        base.check_config(config)
     config.copy.steps, config.copy.span = 4, (8, 4)
     with pytest.raises(base.ConfigError, match=r"config\.copy\.span"):
-        base._check(config)
+        base.check_config(config)
     config.copy.span, config.copy.prev_rows = (4, 8), config.copy.batch
     with pytest.raises(base.ConfigError, match=r"config\.copy\.prev_rows"):
-        base._check(config)
+        base.check_config(config)
     config.copy.prev_rows = 1
     config.init = "tr/stages/no-such-init.safetensors"
     with pytest.raises(base.ConfigError, match=r"config\.init .*no such file"):
-        base._check(config)
+        base.check_config(config)
     config.init, config.model = embedded.INIT, "tiny"
     with pytest.raises(base.ConfigError, match=r"config\.init .*'gym', not 'tiny'"):
-        base._check(config)
+        base.check_config(config)
 
 
 def _copy_loss(model, params, tokenizer) -> float:

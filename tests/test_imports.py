@@ -202,3 +202,57 @@ def test_a_function_level_and_a_relative_import_are_edges(tmp_path):
                       "    import numpy.linalg\n")
     inner, outer = imports_of(source, "tr.x.a", modules)
     assert inner == {"tr.y", "tr.x.b"} and outer == {"os", "numpy"}
+
+
+def private_crossings(path: pathlib.Path, name: str, modules) -> list[str]:
+    """Private names (`_x`, not dunders) of another `tr` module that `path` uses: `from tr.m import
+    _x`, and `m._x` where `m` is bound to a `tr` module by an import (`from tr import m`,
+    `import tr.m as m`). A private name is its module's business: what others use is public API."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    private = lambda n: n.startswith("_") and not n.startswith("__")  # noqa: E731
+    aliases, found = {}, []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if not (source == "tr" or source.startswith("tr.")):
+                continue
+            for alias in node.names:
+                full = f"{source}.{alias.name}"
+                if full in modules:
+                    aliases[alias.asname or alias.name] = full
+                elif private(alias.name) and source != name:
+                    found.append(f"line {node.lineno}: from {source} import {alias.name}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("tr.") and alias.asname:
+                    aliases[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in aliases and private(node.attr) and aliases[node.value.id] != name):
+            found.append(f"line {node.lineno}: {aliases[node.value.id]}.{node.attr}")
+    return found
+
+
+def test_no_private_name_crosses_a_module():
+    modules = tr_modules()
+    files = {name: path for name, path in modules.items()}
+    files.update({module_name(p): p for folder in ("bench", "experiments")
+                  for p in sorted((ROOT / folder).rglob("*.py"))})
+    bad = [f"{path.relative_to(ROOT)} {use}" for name, path in sorted(files.items())
+           for use in private_crossings(path, name, modules)]
+    assert not bad, "private names used outside their module (make them public API):\n" + "\n".join(bad)
+
+
+def test_the_private_name_finder_on_a_hand_made_module(tmp_path):
+    modules = {"tr.x.a": None, "tr.x.b": None, "tr.y": None}
+    source = tmp_path / "a.py"
+    source.write_text("from tr.y import _hidden, shown\nfrom tr.x import b\nimport tr.y as why\n"
+                      "def f():\n    from . import b as bee\n    return b._p, bee._q, why._r, b.ok, b.__doc__\n")
+    assert private_crossings(source, "tr.x.a", modules) == [
+        "line 1: from tr.y import _hidden", "line 6: tr.x.b._p", "line 6: tr.x.b._q",
+        "line 6: tr.y._r"]

@@ -74,7 +74,7 @@ from tr.envs.backends import Backend, remove_snapshot_folder
 from tr.envs.sandbox import (CommandResult, SandboxConfig, ShellSandbox, SandboxError, Snapshot,
                             SnapshotRefused)
 from tr.envs.shell import ShellProcess, ShellSession, run_to_eof
-from tr.envs.workspace import (HostWorkspace, _copy_host_tree_into, copy_dir,
+from tr.envs.workspace import (HostWorkspace, copy_host_tree_into, copy_dir,
                                default_state_dir, host_scope, owner_id, owner_is_dead,
                                private_dir, reap_stale, run_reaper)
 
@@ -504,7 +504,7 @@ class DockerSandbox(ShellSandbox):
 
     # --- files -----------------------------------------------------------------------------
     def _in_areas(self, path, follow_last: bool = True) -> bool:
-        return self.ws._split(self.ws.canonical(str(path), follow_last)) is not None
+        return self.ws.split_area(self.ws.canonical(str(path), follow_last)) is not None
 
     def write_file(self, sandbox_path, data: bytes | str, mode: int = 0o644) -> None:
         self._require()
@@ -574,7 +574,7 @@ class DockerSandbox(ShellSandbox):
             sub = os.open(name, filetree.DIR_FLAGS, dir_fd=fd)
             try:
                 os.fchmod(sub, stat.S_IMODE(host_path.stat().st_mode))
-                _copy_host_tree_into(host_path, sub, (0, 0))
+                copy_host_tree_into(host_path, sub, (0, 0))
             finally:
                 os.close(sub)
         except OSError as e:
@@ -747,7 +747,7 @@ class DockerSandbox(ShellSandbox):
             return []
         fd = self._host_make_dir(mount)
         try:
-            _copy_host_tree_into(Path(tests_dir), fd, (0, 0))
+            copy_host_tree_into(Path(tests_dir), fd, (0, 0))
         finally:
             os.close(fd)
         return []

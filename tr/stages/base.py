@@ -397,12 +397,13 @@ def defaults(variant: str = "default"):
     return config
 
 
-def _check(config) -> None:
-    from tr.train.checkpoint import _STAGE_NAME
+def check_config(config) -> None:
+    """The value checks of a Base config (before anything runs); ConfigError names the field."""
+    from tr.train.checkpoint import STAGE_NAME
 
-    if not _STAGE_NAME.match(config.stage or ""):
+    if not STAGE_NAME.match(config.stage or ""):
         raise ConfigError(f"config.stage / stage name {config.stage!r} must match "
-                          f"{_STAGE_NAME.pattern}")
+                          f"{STAGE_NAME.pattern}")
     for field in ("tasks",):
         if config.demos[field] < 1:
             raise ConfigError(f"config.demos.{field} must be >= 1, got {config.demos[field]}")
@@ -498,7 +499,7 @@ def train(config, run_dir: pathlib.Path, out_dir: pathlib.Path) -> dict:
     from tr.train.model_fns import nnx_model_fns
     from tr.train.checkpoint import StageStore
 
-    _check(config)
+    check_config(config)
     t_start = time.monotonic()
     run_dir, out_dir = pathlib.Path(run_dir), pathlib.Path(out_dir)
     tokenizer = embedded.load_tokenizer(config.tokenizer)

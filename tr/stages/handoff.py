@@ -61,7 +61,7 @@ def critic_from_actor(critic_params: dict, run_dir, ref: ckpt.StageRef, actor_ta
     bias and start value kept: zero).  The critic's backbone is the decoder without its output
     projection, the same tree as a tied-embedding actor's parameters."""
     with ckpt.StageStore(run_dir, ref.stage, read_only=True) as store:
-        step = store._resolve_step(ref.step)  # pylint: disable=protected-access
+        step = store.resolve_step(ref.step)
         actor = store.restore_item("actor_params", actor_target, step)
     if jax.tree.structure(actor) != jax.tree.structure(critic_params["backbone"]):
         raise ConfigError(f"critic_init='actor': stage {ref.stage!r}'s actor parameters are not the "

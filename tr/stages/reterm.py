@@ -268,7 +268,7 @@ def load_params(run_dir, stage: str, rt: Runtime, step: int | None = None):
 
     step = retained_step(run_dir, stage) if step is None else step
     with StageStore(run_dir, stage, read_only=True) as store:
-        resolved = store._resolve_step(step)  # pylint: disable=protected-access
+        resolved = store.resolve_step(step)
         return store.restore_item("actor_params", rt.fns.actor_params, resolved)
 
 
@@ -806,7 +806,8 @@ def evaluate_arm(rt: Runtime, params, name, config, test_tasks, heldout, by_id, 
                          "recovered": int(round(rec["recovery_at_k"] * rec["states"]))}}
 
 
-def _check(config) -> None:
+def check_config(config) -> None:
+    """The value checks of a ReTerm stage config (before anything runs); ConfigError names the field."""
     for path in ("data.attempts", "data.train_tasks", "grpo.group_size", "grpo.updates",
                  "grpo.m_original", "queue.capacity", "eval.k", "eval.test_count", "sft.steps"):
         section, field = path.split(".")
@@ -842,7 +843,7 @@ def run(config, workdir):
     from tr.agent import recovery
     from tr.envs import gym
 
-    _check(config)
+    check_config(config)
     if config.variant == "paper":
         return validate_paper(config, workdir)
     t_start = time.monotonic()

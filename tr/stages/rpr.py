@@ -37,7 +37,9 @@ def defaults() -> ml_collections.ConfigDict:
     return config
 
 
-def _check(config) -> None:
+def check_config(config) -> None:
+    """The value checks of an `rpr` stage config (before anything runs): a registered reward, on-policy
+    sampling; ConfigError names the field."""
     reward_kind(config.rpr.reward, f"stage {config.name!r}: rpr.reward")
     check_on_policy(config)
 
@@ -47,7 +49,7 @@ def run(stage_config, run_dir, **_) -> dict:
     done = handoff.finished_summary(run_dir, config.name)
     if done is not None:
         return done
-    _check(config)
+    check_config(config)
     opened = handoff.open_stage(config, run_dir, kind=KIND, actor_trains=True, critic_trains=True)
     train_tasks = stage_tasks(config.tasks, "train")
     val_tasks = stage_tasks(config.tasks, "val")[:int(config.eval.count) or None]

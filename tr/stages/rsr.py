@@ -80,7 +80,8 @@ def defaults() -> ml_collections.ConfigDict:
     return config
 
 
-def _check(config) -> None:
+def check_config(config) -> None:
+    """The value checks of an `rsr` stage config (before anything runs); ConfigError names the field."""
     r = config.rsr
     for field in ("explore_k", "replay_m", "per_task", "epochs", "batch"):
         if int(r[field]) < 1:
@@ -231,7 +232,7 @@ def run(stage_config, run_dir, **_) -> dict:
     done = handoff.finished_summary(run_dir, config.name)
     if done is not None:
         return done
-    _check(config)
+    check_config(config)
     t_start = time.monotonic()
     opened = handoff.open_stage(config, run_dir, kind=KIND, actor_trains=True, critic_trains=False,
                                 critic_frozen=bool(config.critic_from))

@@ -214,7 +214,7 @@ def _check_stage(kind: str, merged: dict) -> None:
     elif hasattr(module, "defaults"):
         resolved = resolve_stage_config(merged, module.defaults())
         if kind in ("rsr", "rpr"):      # its value checks too, before anything runs
-            module._check(resolved)     # pylint: disable=protected-access
+            module.check_config(resolved)
 
 
 def _params_m(cfg) -> float:
