@@ -256,3 +256,50 @@ def test_the_private_name_finder_on_a_hand_made_module(tmp_path):
     assert private_crossings(source, "tr.x.a", modules) == [
         "line 1: from tr.y import _hidden", "line 6: tr.x.b._p", "line 6: tr.x.b._q",
         "line 6: tr.y._r"]
+
+
+# The `tr` imports a function may make (everywhere else an import sits at the top of its file, where
+# the reader sees what the module needs): file -> why its imports are lazy.
+FUNCTION_LEVEL_IMPORTS = {
+        "tr/cli.py": "the entry layer: each subcommand loads only its own rooms, so `termrl --help`, "
+                     "`termrl tasks` and `termrl gym` start without JAX or the stages",
+}
+
+
+def function_level_imports(path: pathlib.Path) -> list[str]:
+    """`line N: from tr.x import y` for every `tr` import inside a function of `path`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.ImportFrom) and (sub.level or (sub.module or "").split(".")[0] == "tr"):
+                found.append(f"line {sub.lineno}: from {'.' * sub.level}{sub.module or ''} import "
+                             f"{', '.join(a.name for a in sub.names)}")
+            elif isinstance(sub, ast.Import) and any(a.name.split(".")[0] == "tr" for a in sub.names):
+                found.append(f"line {sub.lineno}: import {', '.join(a.name for a in sub.names)}")
+    return sorted(set(found), key=lambda s: int(s.split()[1].rstrip(":")))
+
+
+def test_tr_imports_sit_at_the_top_of_the_file():
+    bad, allowed_used = [], set()
+    for path in tr_modules().values():
+        rel = path.relative_to(ROOT).as_posix()
+        lazy = function_level_imports(path)
+        if lazy and rel in FUNCTION_LEVEL_IMPORTS:
+            allowed_used.add(rel)
+        elif lazy:
+            bad += [f"{rel} {what}" for what in lazy]
+    assert not bad, ("`tr` imports inside functions (move them to the top; a circle that appears "
+                     "means code is in the wrong module):\n" + "\n".join(bad))
+    assert allowed_used == set(FUNCTION_LEVEL_IMPORTS), "allowlisted files without lazy imports: " \
+        f"{sorted(set(FUNCTION_LEVEL_IMPORTS) - allowed_used)}"
+
+
+def test_the_function_level_import_finder_on_a_hand_made_module(tmp_path):
+    source = tmp_path / "a.py"
+    source.write_text("import os\nfrom tr.y import top\n\ndef f():\n    import json\n"
+                      "    from tr.y import inner\n    class C:\n        def g(self):\n"
+                      "            import tr.z\n            from . import b\n")
+    assert function_level_imports(source) == [
+        "line 6: from tr.y import inner", "line 9: import tr.z", "line 10: from . import b"]

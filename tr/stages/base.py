@@ -36,11 +36,28 @@ import time
 
 import numpy as np
 
+from tr.agent import evaluation, runbook as rb
+from tr.agent.harness import Budgets, EpisodeSpec
 from tr.agent.harness import format_action
+from tr.agent.policies import ModelPolicy
+from tr.agent.records import episode_to_sequences
+from tr.agent.rollout import RolloutConfig, run_rollouts
+from tr.agent.transcript import ChatLayout
 from tr.agent.transcript import Generation
+from tr.envs import gym
 from tr.models import embedded
+from tr.models.decoder import Decoder
+from tr.models.tokenizer import ENDOFTEXT, IM_END, IM_START, PAD
+from tr.stages import handoff
 from tr.stages import scalars
+from tr.stages.actor import episode_sampler
 from tr.stages.registry import ConfigError
+from tr.train.checkpoint import STAGE_NAME, StageStore
+from tr.train.compile import build_steps
+from tr.train.model_fns import nnx_model_fns
+from tr.train.optim import make_optimizer
+from tr.train.state import create_train_state
+from tr.train.updates import default_config
 
 
 class PlanPolicy:
@@ -67,7 +84,6 @@ def demo_plans(tasks, *, seed: int, p_mistake: float, p_truncate: float,
     replaced by the family's partial attempt), 'runbook' = the reference, played on the task whose
     instruction carries the runbook of those commands (`runbook_task`), else 'clean' = the
     reference."""
-    from tr.envs import gym
 
     rng = random.Random(f"demos:{seed}")
     plans = {}
@@ -91,7 +107,6 @@ def runbook_task(task, commands):
     """`task` as an RSR replay sees it: its instruction followed by the embedded planner's runbook
     of `commands` (`tr.agent.runbook.CommandListPlanner`, `with_runbook`).  Base demos on such
     prompts teach the policy to read a runbook, so RSR's replays can succeed (SPEC §6)."""
-    from tr.agent import runbook as rb
 
     steps = [rb.Step(command, "", 0) for command in commands]
     return rb.with_runbook(task, rb.CommandListPlanner().plan(task, steps))
@@ -99,10 +114,6 @@ def runbook_task(task, commands):
 
 def make_demos(config, tokenizer, layout):
     """Run the demos; returns (sequences, stats)."""
-    from tr.agent.harness import Budgets, EpisodeSpec
-    from tr.agent.records import episode_to_sequences
-    from tr.agent.rollout import RolloutConfig, run_rollouts
-    from tr.envs import gym
 
     tasks = gym.split_tasks("train", config.demos.tasks, seed=config.seed)
     plans = demo_plans(tasks, seed=config.seed, p_mistake=config.demos.p_mistake,
@@ -238,7 +249,6 @@ def with_copy_rows(data, *, rows: int, ordinary_ids: np.ndarray, span: tuple[int
 
 def ordinary_ids(tokenizer) -> np.ndarray:
     """Every id of `tokenizer` except its chat specials (pad, end of text, turn markers)."""
-    from tr.models.tokenizer import ENDOFTEXT, IM_END, IM_START, PAD
 
     special = {tokenizer.special_id(name) for name in (PAD, ENDOFTEXT, IM_START, IM_END)}
     return np.asarray([i for i in range(tokenizer.vocab_size) if i not in special], np.int32)
@@ -253,9 +263,6 @@ class Evaluator:
     episodes at any concurrency and any timing of the sandboxes."""
 
     def __init__(self, config, model, tokenizer):
-        from tr.agent.policies import ModelPolicy
-        from tr.stages.actor import episode_sampler
-
         self.config, self.model, self.tokenizer = config, model, tokenizer
         self.sampler = episode_sampler(model, tokenizer, concurrency=config.concurrency,
                                        max_new_tokens=config.eval.max_output_tokens)
@@ -268,8 +275,6 @@ class Evaluator:
         self.sampler.close()
 
     def __call__(self, tasks, workdir: pathlib.Path, *, concurrency: int | None = None) -> dict:
-        from tr.agent import evaluation
-
         ev = self.config.eval
         policy = self.policy_cls(self.sampler, self.tokenizer, temperature=ev.temperature,
                                  top_p=ev.top_p, seed=self.config.seed, name="base")
@@ -399,7 +404,6 @@ def defaults(variant: str = "default"):
 
 def check_config(config) -> None:
     """The value checks of a Base config (before anything runs); ConfigError names the field."""
-    from tr.train.checkpoint import STAGE_NAME
 
     if not STAGE_NAME.match(config.stage or ""):
         raise ConfigError(f"config.stage / stage name {config.stage!r} must match "
@@ -449,10 +453,6 @@ def sft_stepper(fns, actor_params, *, learning_rate: float, warmup: int, steps: 
     """(compiled SFT update, train state) for `steps` updates of `actor_params` with a fresh AdamW:
     lr warms up for `warmup` updates, then cosine to a tenth at `steps`; `micro_batch_rows`: the
     train config's (0: one pass over each batch)."""
-    from tr.train.compile import build_steps
-    from tr.train.optim import make_optimizer
-    from tr.train.updates import default_config
-    from tr.train.state import create_train_state
 
     train_cfg = default_config()
     train_cfg.micro_batch_rows = int(micro_batch_rows)
@@ -492,12 +492,6 @@ def train(config, run_dir: pathlib.Path, out_dir: pathlib.Path) -> dict:
     `out_dir`.  Returns base.json's content."""
     import jax
     from flax import nnx
-
-    from tr.agent.transcript import ChatLayout
-    from tr.envs import gym
-    from tr.models.decoder import Decoder
-    from tr.train.model_fns import nnx_model_fns
-    from tr.train.checkpoint import StageStore
 
     check_config(config)
     t_start = time.monotonic()
@@ -632,8 +626,6 @@ def _write_json(path: pathlib.Path, data: dict) -> None:
 
 
 def _finished(run_dir: pathlib.Path, stage: str) -> dict | None:
-    from tr.stages import handoff
-
     return handoff.finished_summary(run_dir, stage)
 
 

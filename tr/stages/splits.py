@@ -8,6 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
+from tr.envs import gym
 from tr.envs.tasks import TaskError, load_suite
 from tr.stages.registry import ConfigError
 
@@ -27,11 +28,6 @@ def stage_tasks(tasks_config, split: str) -> list:
         raise ConfigError(f"split {split!r}: expected one of {SPLITS}")
     count = int(tasks_config.count) or None
     if tasks_config.source == "gym":
-        try:
-            from tr.envs import gym  # pylint: disable=g-import-not-at-top
-        except ImportError:
-            raise ConfigError("config.tasks.source = 'gym' but tr.envs.gym is not installed "
-                              "in this checkout") from None
         return list(gym.split_tasks(split, count, seed=int(tasks_config.seed)))
     if tasks_config.source != "suite":
         raise ConfigError(f"config.tasks.source = {tasks_config.source!r}: expected 'suite' or 'gym'")
