@@ -32,8 +32,11 @@ from tr.models.config import get_model_config  # noqa: E402
 from tr.models.critic import CriticModel  # noqa: E402
 from tr.models.decoder import Decoder  # noqa: E402
 from tr.models import embedded  # noqa: E402
-from tr.stages import common  # noqa: E402
-from tr.train import steps as steps_lib  # noqa: E402
+from tr.stages.arrays import training_arrays  # noqa: E402
+from tr.train.compile import build_steps  # noqa: E402
+from tr.train.model_fns import nnx_model_fns  # noqa: E402
+from tr.train.optim import make_optimizer  # noqa: E402
+from tr.train.updates import default_config  # noqa: E402
 from tr.train.compile import run_epochs  # noqa: E402
 from tr.train.state import create_train_state  # noqa: E402
 
@@ -85,14 +88,14 @@ def main() -> None:
         source = f"{len(records)} synthetic episodes of {args.min_tokens}-{args.max_tokens} tokens"
     rewards = [float(r.passed) for r in records]
     actor, critic = Decoder(config, rngs=nnx.Rngs(0)), CriticModel(config, rngs=nnx.Rngs(1))
-    fns = steps_lib.nnx_model_fns(actor, critic, chunk_size=min(1024, config.max_seq_len))
-    train = steps_lib.default_config()
+    fns = nnx_model_fns(actor, critic, chunk_size=min(1024, config.max_seq_len))
+    train = default_config()
     train.ppo.mini_batches, train.ppo.epochs = args.mini_batches, args.epochs
-    steps = steps_lib.build_steps(train, actor_logprobs=fns.actor_logprobs,
-                                  critic_values=fns.critic_values)
+    steps = build_steps(train, actor_logprobs=fns.actor_logprobs,
+                        critic_values=fns.critic_values)
     state0 = create_train_state(actor_params=fns.actor_params, critic_params=fns.critic_params,
-                                actor_optimizer=steps_lib.make_optimizer(train.actor.optimizer),
-                                critic_optimizer=steps_lib.make_optimizer(train.critic.optimizer))
+                                actor_optimizer=make_optimizer(train.actor.optimizer),
+                                critic_optimizer=make_optimizer(train.critic.optimizer))
 
     def one_batch(batch):
         prepared = {**batch, **steps.targets(state0, batch)}
@@ -106,8 +109,8 @@ def main() -> None:
           f"median of {args.repeats}")
     results = {}
     for name, multiple in (("padded", 0), ("packed", args.multiple)):
-        arrays, stats = common.training_arrays(records, rewards, rows=args.rows,
-                                               length=args.length, pack_multiple=multiple)
+        arrays, stats = training_arrays(records, rewards, rows=args.rows,
+                                        length=args.length, pack_multiple=multiple)
         batch = {k: jnp.asarray(v) for k, v in arrays.items()}
         start = time.perf_counter()
         one_batch(batch)                                   # compile + first run

@@ -114,7 +114,7 @@ def mean_context(args) -> int:
 
 def decode_totals(sampler: EpisodeSampler) -> tuple[int, float, float]:
     """Generated tokens, decode wall seconds, decode process CPU seconds, so far."""
-    return sampler.stats.generated_tokens, sampler.stats.decode_s, sampler._decode_fn.cpu_s
+    return sampler.stats.generated_tokens, sampler.stats.decode_s, sampler.decode_fn.cpu_s
 
 
 def static_decode(sampler: EpisodeSampler, args, context: int) -> tuple[int, float, float]:
@@ -127,7 +127,7 @@ def static_decode(sampler: EpisodeSampler, args, context: int) -> tuple[int, flo
 
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new, seed=3)
     before = decode_totals(sampler)
-    with sampler._cv:
+    with sampler.admission_lock():
         futures = [sampler.submit(rng.integers(0, 256, context).tolist(), params) for _ in range(sampler.slots)]
     for f in futures:
         f.result()
@@ -178,12 +178,12 @@ def main() -> None:
                                      decode_buckets=args.decode_buckets, refill_decode_steps=args.refill_steps)
             t0 = time.perf_counter()
             sampler.precompile(capacity=longest)  # every row bucket: no compile inside a timed run
-            sampler._decode_fn = Timed(sampler._decode_fn)  # for its CPU seconds
+            sampler.decode_fn = Timed(sampler.decode_fn)  # for its CPU seconds
             print(f"  episode precompile: {time.perf_counter() - t0:.0f}s {dict(sampler.compile_counts)}", flush=True)
         else:
             sampler = JaxSampler(model, tok, min_prompt_bucket=256, min_new_bucket=args.max_new,
                                  min_batch_bucket=args.episodes)
-            sampler._prefill, sampler._decode = Timed(sampler._prefill), Timed(sampler._decode)
+            sampler.prefill_fn, sampler.decode_fn = Timed(sampler.prefill_fn), Timed(sampler.decode_fn)
         policy = ModelPolicy(sampler, tok, temperature=1.0, top_p=1.0, seed=0)
         t0 = time.perf_counter()
         run(policy, args, seed=100)  # warm-up: every bucket compiles
@@ -192,9 +192,9 @@ def main() -> None:
         static_context = mean_context(args)
         for r in range(args.repeats if engine == "episode" else args.baseline_repeats):
             if engine == "episode":
-                s0, cpu0 = dict(vars(sampler.stats)), sampler._decode_fn.cpu_s
+                s0, cpu0 = dict(vars(sampler.stats)), sampler.decode_fn.cpu_s
             else:
-                s0 = {"prefill_s": sampler._prefill.seconds, "decode_s": sampler._decode.seconds}
+                s0 = {"prefill_s": sampler.prefill_fn.seconds, "decode_s": sampler.decode_fn.seconds}
             c0 = dict(sampler.compile_counts)
             out = run(policy, args, seed=r)
             out["compiles_in_run"] = sum(sampler.compile_counts.values()) - sum(c0.values())
@@ -206,13 +206,13 @@ def main() -> None:
                            prefill_tokens=d["prefill_tokens"], reused_tokens=d["reused_tokens"],
                            steps_per_call=d["decode_steps"] / max(d["decode_calls"], 1))
                 # Right after the run, the static batch: its ratio to this run is this repeat's.
-                dyn_cpu = sampler._decode_fn.cpu_s - cpu0
+                dyn_cpu = sampler.decode_fn.cpu_s - cpu0
                 n, sec, cpu = static_decode(sampler, args, static_context)
                 out.update(static_tok_s=n / sec, vs_static=out["tokens"] / out["decode_s"] / (n / sec),
                            vs_static_cpu=out["tokens"] / dyn_cpu / (n / cpu))
             else:
-                out.update(prefill_s=sampler._prefill.seconds - s0["prefill_s"],
-                           decode_s=sampler._decode.seconds - s0["decode_s"])
+                out.update(prefill_s=sampler.prefill_fn.seconds - s0["prefill_s"],
+                           decode_s=sampler.decode_fn.seconds - s0["decode_s"])
             results.append(out)
             print(f"  {engine} run {r}: {out}", flush=True)
         best = {k: statistics.median(o[k] for o in results) for k in results[0]}

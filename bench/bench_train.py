@@ -1,6 +1,6 @@
 """Benchmark: training tokens/s of the `sft` and `ppo` steps, and checkpoint save/restore times.
 
-Steps (`tr.train.steps`, model `--model`, default the real `tiny` decoder and critic): one jitted
+Steps (`tr.train.compile.build_steps`, model `--model`, default the real `tiny` decoder and critic): one jitted
 update on `[--batch, --length]` packed multi-turn rows; tokens/s = batch·length / median step time
 (after one warm-up, compilation excluded). Baseline: the `sft` step with one micro-batch; the table
 gives each step's ratio to it (`ppo` runs the critic forward for targets, then the backward of both
@@ -36,7 +36,10 @@ from tr.models.config import get_model_config  # noqa: E402
 from tr.models.critic import CriticModel  # noqa: E402
 from tr.models.decoder import Decoder  # noqa: E402
 from tr.train import checkpoint as ckpt  # noqa: E402
-from tr.train import steps as steps_lib  # noqa: E402
+from tr.train.compile import build_steps  # noqa: E402
+from tr.train.model_fns import nnx_model_fns  # noqa: E402
+from tr.train.optim import make_optimizer  # noqa: E402
+from tr.train.updates import default_config  # noqa: E402
 from tr.train.state import abstract_state, create_train_state  # noqa: E402
 
 
@@ -79,20 +82,20 @@ def bench_steps(args) -> None:
     config = get_model_config(args.model)
     actor = Decoder(config, rngs=nnx.Rngs(0))
     critic = CriticModel(config, rngs=nnx.Rngs(1))
-    fns = steps_lib.nnx_model_fns(actor, critic, chunk_size=args.chunk)
+    fns = nnx_model_fns(actor, critic, chunk_size=args.chunk)
     batch = make_batch(args.batch, args.length, config.vocab_size)
     tokens = args.batch * args.length
     rows = []
     for name, micro in (("sft", 1), ("ppo", 1), ("sft", args.micro), ("ppo", args.micro)):
-        train_config = steps_lib.default_config()
+        train_config = default_config()
         train_config.num_micro_batches = micro
         state = create_train_state(
             actor_params=fns.actor_params,
-            actor_optimizer=steps_lib.make_optimizer(train_config.actor.optimizer),
+            actor_optimizer=make_optimizer(train_config.actor.optimizer),
             critic_params=fns.critic_params,
-            critic_optimizer=steps_lib.make_optimizer(train_config.critic.optimizer))
-        step = getattr(steps_lib.build_steps(train_config, actor_logprobs=fns.actor_logprobs,
-                                             critic_values=fns.critic_values), name)
+            critic_optimizer=make_optimizer(train_config.critic.optimizer))
+        step = getattr(build_steps(train_config, actor_logprobs=fns.actor_logprobs,
+                                   critic_values=fns.critic_values), name)
         jax.block_until_ready(step(state, batch))   # compile
         seconds = median_time(lambda: step(state, batch), args.repeats)
         rows.append((name, micro, seconds, tokens / seconds))
@@ -117,7 +120,7 @@ def bench_checkpoint(args) -> None:
         return nnx.to_pure_dict(actor), nnx.to_pure_dict(critic)
 
     actor_params, critic_params = init(jax.random.key(0))
-    opt = steps_lib.make_optimizer(steps_lib.default_config().actor.optimizer)
+    opt = make_optimizer(default_config().actor.optimizer)
     full = jax.jit(lambda a, c: create_train_state(actor_params=a, actor_optimizer=opt,
                                                    critic_params=c, critic_optimizer=opt)
                    )(actor_params, critic_params)

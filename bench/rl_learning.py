@@ -175,7 +175,7 @@ def run(args) -> dict:
     from tr.agent.dynamic_sampling import has_signal, select_groups
     from tr.envs import gym
     from tr.stages import reterm
-    from tr.stages.common import iteration_tasks
+    from tr.stages.splits import iteration_tasks
     from tr.train.optim import make_optimizer
     from tr.train.state import create_train_state
     from tr.train.updates import default_config

@@ -57,7 +57,7 @@ def forgery_round(task, backend: str, names: list[str]) -> list[str]:
 
 def sabotage_round(root: Path, backend: str, name: str) -> list[str]:
     task = th.make_task(root, f"quick-{time.monotonic_ns()}", timeout_s=8)
-    rec = th._episode(task, backend, [th.VERIFIER_SABOTAGE[name]])
+    rec = th.says_episode(task, backend, [th.VERIFIER_SABOTAGE[name]])
     if not rec.status.counts or rec.passed:
         return [f"not counted as a failure: {rec.status.value} {rec.error}"]
     return []

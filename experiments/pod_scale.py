@@ -5,7 +5,7 @@
 
 The `aot` job (tr/train/aot.py) prints per-chip argument / output / temporary bytes of each step
 against the chip's HBM, from the fields `model`, `pod` (mesh, axis rules, remat), `train`
-(tr.train.steps.default_config()) and `shapes` (LAYOUT.md). Whether a recipe fits a pod is asked
+(tr.train.updates.default_config()) and `shapes` (LAYOUT.md). Whether a recipe fits a pod is asked
 of the recipe itself, whose stages give those fields (`tr.stages.pod_plan`):
 `termrl aot --config=experiments/terminal_rsi.py:paper` (or `reterm.py:paper`); their paper
 variants hold the pod layout that fits and the measured per-chip table.
@@ -17,7 +17,7 @@ Variants:
 import ml_collections
 
 from tr.train import pod
-from tr.train import steps
+from tr.train.updates import default_config as train_defaults
 
 VARIANTS = ("small",)
 
@@ -37,7 +37,7 @@ def get_config(variant: str = "small"):
     config.aot = {"topology": "cpu"}
     config.model = "tiny"
     config.pod = pod.pod_config()
-    config.train = steps.default_config()
+    config.train = train_defaults()
     config.train.logprob_chunk_size = 64
     config.train.grpo.group_size = 16
     config.shapes = {"sft": _shape(8, 128, 2), "critic": _shape(8, 128, 2), "ppo": _shape(8, 128, 2),

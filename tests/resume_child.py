@@ -28,7 +28,10 @@ from tr.models.config import get_model_config
 from tr.models.critic import CriticModel
 from tr.models.decoder import Decoder
 from tr.train import checkpoint as ckpt
-from tr.train import steps as steps_lib
+from tr.train.compile import build_steps
+from tr.train.model_fns import nnx_model_fns
+from tr.train.optim import make_optimizer
+from tr.train.updates import default_config
 from tr.train.state import abstract_state, create_train_state
 
 ROWS, LENGTH, VOCAB = 4, 16, 64
@@ -102,14 +105,14 @@ def main(argv=None) -> int:
 
     model_config = get_model_config("tiny", n_layers=1, d_model=32, n_heads=2, n_kv_heads=1,
                                     head_dim=16, d_ff=64, vocab_size=VOCAB)
-    fns = steps_lib.nnx_model_fns(Decoder(model_config, rngs=nnx.Rngs(0)),
-                                  CriticModel(model_config, rngs=nnx.Rngs(1)), chunk_size=8)
-    config = steps_lib.default_config()
+    fns = nnx_model_fns(Decoder(model_config, rngs=nnx.Rngs(0)),
+                        CriticModel(model_config, rngs=nnx.Rngs(1)), chunk_size=8)
+    config = default_config()
     config.actor.optimizer.learning_rate = 1e-3
     config.critic.optimizer.learning_rate = 1e-3
     config.num_micro_batches = 2
-    actor_opt = steps_lib.make_optimizer(config.actor.optimizer)
-    critic_opt = steps_lib.make_optimizer(config.critic.optimizer)
+    actor_opt = make_optimizer(config.actor.optimizer)
+    critic_opt = make_optimizer(config.critic.optimizer)
     init = create_train_state(actor_params=fns.actor_params, actor_optimizer=actor_opt,
                               critic_params=fns.critic_params, critic_optimizer=critic_opt)
 
@@ -126,8 +129,8 @@ def main(argv=None) -> int:
         critic=ckpt.Side(ckpt.StageRef("base"), critic_opt), config=config, data_iter=it,
         store_options=ckpt.StoreOptions(save_every=args.save_every))
     print(f"START step={int(state.step)}", flush=True)
-    ppo = steps_lib.build_steps(config, actor_logprobs=fns.actor_logprobs,
-                                critic_values=fns.critic_values).ppo
+    ppo = build_steps(config, actor_logprobs=fns.actor_logprobs,
+                      critic_values=fns.critic_values).ppo
     with store, open(args.metrics, "a", encoding="utf-8") as metrics_file:
         while int(state.step) < args.steps:
             batch = {k: jax.numpy.asarray(v) for k, v in next(it).items()}

@@ -241,7 +241,7 @@ def test_demo_shares_over_one_are_one_clear_error():
     config = base.defaults("quick")
     config.demos.p_runbook = 0.9             # 0.3 + 0.2 + 0.9 > 1
     with pytest.raises(base.ConfigError, match=r"config\.demos shares .*p_runbook"):
-        base._check(config)
+        base.check_config(config)
 
 
 def test_a_mistake_demos_wrong_action_is_context_not_a_target():
@@ -301,32 +301,32 @@ def test_copy_config_errors_name_the_field():
     config = base.defaults("quick")
     config.copy.rows = config.sft.batch
     with pytest.raises(base.ConfigError, match=r"config\.copy\.rows"):
-        base._check(config)
+        base.check_config(config)
     config.copy.rows, config.copy.steps = 0, -1
     with pytest.raises(base.ConfigError, match=r"config\.copy\.steps"):
-        base._check(config)
+        base.check_config(config)
     config.copy.steps, config.copy.span = 4, (8, 4)
     with pytest.raises(base.ConfigError, match=r"config\.copy\.span"):
-        base._check(config)
+        base.check_config(config)
     config.copy.span, config.copy.prev_rows = (4, 8), config.copy.batch
     with pytest.raises(base.ConfigError, match=r"config\.copy\.prev_rows"):
-        base._check(config)
+        base.check_config(config)
     config.copy.prev_rows = 1
     config.init = "tr/stages/no-such-init.safetensors"
     with pytest.raises(base.ConfigError, match=r"config\.init .*no such file"):
-        base._check(config)
+        base.check_config(config)
     config.init, config.model = embedded.INIT, "tiny"
     with pytest.raises(base.ConfigError, match=r"config\.init .*'gym', not 'tiny'"):
-        base._check(config)
+        base.check_config(config)
 
 
 def _copy_loss(model, params, tokenizer) -> float:
     """Mean NLL of the repeats of span-copy rows (`copy_batches`, no previous-token rows)."""
-    from tr.train import steps as steps_lib
+    from tr.train.model_fns import nnx_model_fns
 
     batch = next(base.copy_batches(base.ordinary_ids(tokenizer), batch=8, length=128, span=(4, 24),
                                    prev_rows=0, seed=123))
-    logp = np.asarray(steps_lib.nnx_model_fns(model).actor_logprobs(params, batch))
+    logp = np.asarray(nnx_model_fns(model).actor_logprobs(params, batch))
     return float(-(logp * batch["loss_mask"]).sum() / batch["loss_mask"].sum())
 
 
@@ -337,20 +337,20 @@ def test_shipped_init_copies_in_context_and_pretrain_rewrites_it(tmp_path):
     from flax import nnx
 
     from tr.models.decoder import Decoder
-    from tr.train import steps as steps_lib
+    from tr.train.model_fns import nnx_model_fns
 
     tok = embedded.load_tokenizer()
     fresh = lambda: Decoder(embedded.model_config(), rngs=nnx.Rngs(0))
     random_model = fresh()
     shipped = embedded.load_init(fresh(), embedded.INIT)
-    random_loss = _copy_loss(random_model, steps_lib.nnx_model_fns(random_model).actor_params, tok)
-    shipped_loss = _copy_loss(shipped, steps_lib.nnx_model_fns(shipped).actor_params, tok)
+    random_loss = _copy_loss(random_model, nnx_model_fns(random_model).actor_params, tok)
+    shipped_loss = _copy_loss(shipped, nnx_model_fns(shipped).actor_params, tok)
     assert random_loss > 5.0 and shipped_loss < 1.5, (random_loss, shipped_loss)
 
     stats = make_assets.pretrain(tmp_path / "init.safetensors", steps=2, seed=1)
     assert stats["steps"] == 2 and stats["sha256"] == embedded.file_digest(str(tmp_path / "init.safetensors"))
     again = embedded.load_init(fresh(), str(tmp_path / "init.safetensors"))
-    written = steps_lib.nnx_model_fns(again).actor_params
+    written = nnx_model_fns(again).actor_params
     assert stats["sha256"] != embedded.file_digest(embedded.INIT)
     # two updates from a random init: still no copying, and not the shipped weights
     assert _copy_loss(again, written, tok) > 4.0

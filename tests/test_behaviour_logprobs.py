@@ -15,7 +15,10 @@ from tr.agent.rollout import RolloutConfig, group_specs, run_rollouts
 from tr.models.config import get_model_config
 from tr.models.critic import CriticModel
 from tr.models.decoder import Decoder
-from tr.train import steps as steps_lib
+from tr.train.compile import build_steps
+from tr.train.model_fns import nnx_model_fns
+from tr.train.optim import make_optimizer
+from tr.train.updates import default_config
 from tr.train.state import create_train_state
 
 
@@ -47,12 +50,12 @@ def test_ppo_ratio_is_one_on_the_first_update_of_a_training_rollout(task):
     assert (policy.temperature, policy.top_p) == (1.0, 1.0)
     actor = nnx.merge(policy.sampler.graphdef, policy.sampler.state)
     critic = CriticModel(actor.config, rngs=nnx.Rngs(1))
-    fns = steps_lib.nnx_model_fns(actor, critic, chunk_size=256)
-    config = steps_lib.default_config()
-    steps = steps_lib.build_steps(config, actor_logprobs=fns.actor_logprobs, critic_values=fns.critic_values)
+    fns = nnx_model_fns(actor, critic, chunk_size=256)
+    config = default_config()
+    steps = build_steps(config, actor_logprobs=fns.actor_logprobs, critic_values=fns.critic_values)
     state = create_train_state(actor_params=fns.actor_params, critic_params=fns.critic_params,
-                               actor_optimizer=steps_lib.make_optimizer(config.actor.optimizer),
-                               critic_optimizer=steps_lib.make_optimizer(config.critic.optimizer))
+                               actor_optimizer=make_optimizer(config.actor.optimizer),
+                               critic_optimizer=make_optimizer(config.critic.optimizer))
     mask = np.asarray(batch["loss_mask"])
     ratio = np.exp(np.asarray(jax.jit(fns.actor_logprobs)(fns.actor_params, batch)) - np.asarray(batch["logprobs"]))
     assert np.max(np.abs(ratio[mask] - 1.0)) < 1e-4
@@ -67,7 +70,7 @@ def test_evaluation_sampling_logprobs_would_not_give_ratio_one(task):
     policy, batch = _rollout_batch(task, "eval")
     assert (policy.temperature, policy.top_p) == (0.6, 0.95)
     actor = nnx.merge(policy.sampler.graphdef, policy.sampler.state)
-    fns = steps_lib.nnx_model_fns(actor, chunk_size=256)
+    fns = nnx_model_fns(actor, chunk_size=256)
     mask = np.asarray(batch["loss_mask"])
     ratio = np.exp(np.asarray(jax.jit(fns.actor_logprobs)(fns.actor_params, batch)) - np.asarray(batch["logprobs"]))
     assert np.max(np.abs(ratio[mask] - 1.0)) > 0.1
@@ -84,7 +87,7 @@ def test_a_tempered_policy_is_on_policy_for_rollouts_at_its_temperature(task):
     actor = nnx.merge(policy.sampler.graphdef, policy.sampler.state)
     mask = np.asarray(batch["loss_mask"])
     behaviour = np.asarray(batch["logprobs"])
-    tempered = steps_lib.nnx_model_fns(actor, chunk_size=256, temperature=tau)
+    tempered = nnx_model_fns(actor, chunk_size=256, temperature=tau)
     logp = np.asarray(jax.jit(tempered.actor_logprobs)(tempered.actor_params, batch))
     assert np.max(np.abs(np.exp(logp - behaviour)[mask] - 1.0)) < 1e-4
     # the reference: log softmax(logits / τ) at each next token, from one plain forward
@@ -95,8 +98,8 @@ def test_a_tempered_policy_is_on_policy_for_rollouts_at_its_temperature(task):
     ref = ref - np.log(np.exp(ref).sum(-1, keepdims=True))
     ref_next = np.take_along_axis(ref[:, :-1], tokens[:, 1:, None], -1)[..., 0]
     assert np.max(np.abs(logp[:, 1:][mask[:, 1:]] - ref_next[mask[:, 1:]])) < 1e-3
-    raw = steps_lib.nnx_model_fns(actor, chunk_size=256)
+    raw = nnx_model_fns(actor, chunk_size=256)
     raw_logp = np.asarray(jax.jit(raw.actor_logprobs)(raw.actor_params, batch))
     assert np.max(np.abs(np.exp(raw_logp - behaviour)[mask] - 1.0)) > 0.05
     with pytest.raises(ValueError, match="temperature"):
-        steps_lib.nnx_model_fns(actor, temperature=0.0)
+        nnx_model_fns(actor, temperature=0.0)

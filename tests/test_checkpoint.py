@@ -18,7 +18,8 @@ from tr.models.config import get_model_config
 from tr.models.critic import CriticModel
 from tr.models.decoder import Decoder
 from tr.train import checkpoint as ckpt
-from tr.train import steps as steps_lib
+from tr.train.model_fns import nnx_model_fns
+from tr.train.shardings import nnx_param_shardings, train_state_shardings
 from tr.train.state import TrainState, abstract_state, create_train_state
 
 OPT = optax.chain(optax.clip_by_global_norm(100.0), optax.adamw(1e-3))
@@ -33,7 +34,7 @@ def tiny_config():
 def model_params(seed):
     actor = Decoder(tiny_config(), rngs=nnx.Rngs(seed))
     critic = CriticModel(tiny_config(), rngs=nnx.Rngs(seed + 100))
-    fns = steps_lib.nnx_model_fns(actor, critic)
+    fns = nnx_model_fns(actor, critic)
     return actor, critic, fns.actor_params, fns.critic_params
 
 
@@ -99,7 +100,7 @@ def test_tree_hash_is_layout_independent_and_value_and_name_sensitive():
     _, _, params, _ = model_params(0)
     mesh = sharding_lib.make_mesh((1, 8, 1, 1))
     actor = Decoder(tiny_config(), rngs=nnx.Rngs(0))
-    sharded = jax.device_put(params, steps_lib.nnx_param_shardings(actor, mesh))
+    sharded = jax.device_put(params, nnx_param_shardings(actor, mesh))
     assert ckpt.tree_hash(sharded) == ckpt.tree_hash(params)
     leaf_path, leaf = jax.tree_util.tree_flatten_with_path(params)[0][0]
     bits = np.asarray(leaf).copy().view(np.uint32)
@@ -119,9 +120,9 @@ def test_restore_onto_an_8_device_mesh(tmp_path):
         store.save(state)
     mesh = sharding_lib.make_mesh((2, 2, 2, 1))
     actor, critic, _, _ = model_params(1)
-    shardings = steps_lib.train_state_shardings(
-        state, mesh, actor_param_shardings=steps_lib.nnx_param_shardings(actor, mesh),
-        critic_param_shardings=steps_lib.nnx_param_shardings(critic, mesh))
+    shardings = train_state_shardings(
+        state, mesh, actor_param_shardings=nnx_param_shardings(actor, mesh),
+        critic_param_shardings=nnx_param_shardings(critic, mesh))
     with ckpt.StageStore(tmp_path, "s") as store:
         restored = store.restore(abstract_state(state, shardings))
     assert_bitwise_equal(jax.device_get(restored), jax.device_get(state))

@@ -313,7 +313,7 @@ class Says:
         return Generation(text=format_action("next", command))
 
 
-def _episode(task, backend, commands):
+def says_episode(task, backend, commands):
     from tr.agent.harness import EpisodeSpec, run_episode
     from tr.agent.rollout import TaskEnv
     from tr.agent.transcript import ChatLayout
@@ -335,7 +335,7 @@ VERIFIER_SABOTAGE = {
 def test_verifier_errors_the_agent_causes_count_as_failures(tmp_path, backend, sabotage):
     from tr.agent.records import EpisodeStatus
     task = make_task(tmp_path, "quick", timeout_s=8)
-    rec = _episode(task, backend, [VERIFIER_SABOTAGE[sabotage]])
+    rec = says_episode(task, backend, [VERIFIER_SABOTAGE[sabotage]])
     assert rec.status is EpisodeStatus.VERIFIED_FAIL, (rec.status, rec.error)
     assert rec.passed is False and rec.status.counts
     assert rec.verifier_fault in ("agent", None), rec.error   # docker root may write 000 dirs
@@ -345,7 +345,7 @@ def test_a_verifier_broken_for_everyone_is_an_infra_failure(tmp_path):
     from tr.agent.records import EpisodeStatus
     hanging = "import time\n\ndef test_hangs():\n    time.sleep(600)\n"
     task = make_task(tmp_path, "hangs", test_text=hanging, timeout_s=3)
-    rec = _episode(task, "local", ["echo 42 > /app/answer.txt"])
+    rec = says_episode(task, "local", ["echo 42 > /app/answer.txt"])
     assert rec.status is EpisodeStatus.INFRA_FAILURE and rec.verifier_fault == "harness"
     assert "untouched environment" in rec.error and not rec.status.counts
 

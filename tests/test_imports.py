@@ -42,7 +42,7 @@ STAGES_IMPORTERS = {
         "experiments/main.py": "the entry point: resolves the config's job (tr.stages.registry)",
         "experiments/base_policy.py": "the Base job's settings are tr.stages.base.defaults",
         "experiments/terminal_rsi.py": "the ablation's arms and factors (tr.stages.terminal_rsi)",
-        "bench/bench_packing.py": "benchmarks tr.stages.common.training_arrays itself",
+        "bench/bench_packing.py": "benchmarks tr.stages.arrays.training_arrays itself",
         "bench/probe_recovery.py": "a probe of the ReTerm stage's recovery rollouts",
         "bench/rl_learning.py": "the RL learning benchmark trains with the stages' own runtime",
 }
@@ -202,3 +202,104 @@ def test_a_function_level_and_a_relative_import_are_edges(tmp_path):
                       "    import numpy.linalg\n")
     inner, outer = imports_of(source, "tr.x.a", modules)
     assert inner == {"tr.y", "tr.x.b"} and outer == {"os", "numpy"}
+
+
+def private_crossings(path: pathlib.Path, name: str, modules) -> list[str]:
+    """Private names (`_x`, not dunders) of another `tr` module that `path` uses: `from tr.m import
+    _x`, and `m._x` where `m` is bound to a `tr` module by an import (`from tr import m`,
+    `import tr.m as m`). A private name is its module's business: what others use is public API."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    private = lambda n: n.startswith("_") and not n.startswith("__")  # noqa: E731
+    aliases, found = {}, []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if not (source == "tr" or source.startswith("tr.")):
+                continue
+            for alias in node.names:
+                full = f"{source}.{alias.name}"
+                if full in modules:
+                    aliases[alias.asname or alias.name] = full
+                elif private(alias.name) and source != name:
+                    found.append(f"line {node.lineno}: from {source} import {alias.name}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("tr.") and alias.asname:
+                    aliases[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in aliases and private(node.attr) and aliases[node.value.id] != name):
+            found.append(f"line {node.lineno}: {aliases[node.value.id]}.{node.attr}")
+    return found
+
+
+def test_no_private_name_crosses_a_module():
+    modules = tr_modules()
+    files = {name: path for name, path in modules.items()}
+    files.update({module_name(p): p for folder in ("bench", "experiments")
+                  for p in sorted((ROOT / folder).rglob("*.py"))})
+    bad = [f"{path.relative_to(ROOT)} {use}" for name, path in sorted(files.items())
+           for use in private_crossings(path, name, modules)]
+    assert not bad, "private names used outside their module (make them public API):\n" + "\n".join(bad)
+
+
+def test_the_private_name_finder_on_a_hand_made_module(tmp_path):
+    modules = {"tr.x.a": None, "tr.x.b": None, "tr.y": None}
+    source = tmp_path / "a.py"
+    source.write_text("from tr.y import _hidden, shown\nfrom tr.x import b\nimport tr.y as why\n"
+                      "def f():\n    from . import b as bee\n    return b._p, bee._q, why._r, b.ok, b.__doc__\n")
+    assert private_crossings(source, "tr.x.a", modules) == [
+        "line 1: from tr.y import _hidden", "line 6: tr.x.b._p", "line 6: tr.x.b._q",
+        "line 6: tr.y._r"]
+
+
+# The `tr` imports a function may make (everywhere else an import sits at the top of its file, where
+# the reader sees what the module needs): file -> why its imports are lazy.
+FUNCTION_LEVEL_IMPORTS = {
+        "tr/cli.py": "the entry layer: each subcommand loads only its own rooms, so `termrl --help`, "
+                     "`termrl tasks` and `termrl gym` start without JAX or the stages",
+}
+
+
+def function_level_imports(path: pathlib.Path) -> list[str]:
+    """`line N: from tr.x import y` for every `tr` import inside a function of `path`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.ImportFrom) and (sub.level or (sub.module or "").split(".")[0] == "tr"):
+                found.append(f"line {sub.lineno}: from {'.' * sub.level}{sub.module or ''} import "
+                             f"{', '.join(a.name for a in sub.names)}")
+            elif isinstance(sub, ast.Import) and any(a.name.split(".")[0] == "tr" for a in sub.names):
+                found.append(f"line {sub.lineno}: import {', '.join(a.name for a in sub.names)}")
+    return sorted(set(found), key=lambda s: int(s.split()[1].rstrip(":")))
+
+
+def test_tr_imports_sit_at_the_top_of_the_file():
+    bad, allowed_used = [], set()
+    for path in tr_modules().values():
+        rel = path.relative_to(ROOT).as_posix()
+        lazy = function_level_imports(path)
+        if lazy and rel in FUNCTION_LEVEL_IMPORTS:
+            allowed_used.add(rel)
+        elif lazy:
+            bad += [f"{rel} {what}" for what in lazy]
+    assert not bad, ("`tr` imports inside functions (move them to the top; a circle that appears "
+                     "means code is in the wrong module):\n" + "\n".join(bad))
+    assert allowed_used == set(FUNCTION_LEVEL_IMPORTS), "allowlisted files without lazy imports: " \
+        f"{sorted(set(FUNCTION_LEVEL_IMPORTS) - allowed_used)}"
+
+
+def test_the_function_level_import_finder_on_a_hand_made_module(tmp_path):
+    source = tmp_path / "a.py"
+    source.write_text("import os\nfrom tr.y import top\n\ndef f():\n    import json\n"
+                      "    from tr.y import inner\n    class C:\n        def g(self):\n"
+                      "            import tr.z\n            from . import b\n")
+    assert function_level_imports(source) == [
+        "line 6: from tr.y import inner", "line 9: import tr.z", "line 10: from . import b"]

@@ -45,25 +45,29 @@ def build_steps_and_state(mesh):
     from tr.models.config import get_model_config
     from tr.models.critic import CriticModel
     from tr.models.decoder import Decoder
-    from tr.train import steps as steps_lib
+    from tr.train.compile import build_steps
+    from tr.train.model_fns import nnx_model_fns
+    from tr.train.optim import make_optimizer
+    from tr.train.shardings import nnx_param_shardings, train_state_shardings
+    from tr.train.updates import default_config
     from tr.train.state import create_train_state
 
     model_config = get_model_config("tiny", n_layers=1, d_model=32, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)
     actor, critic = Decoder(model_config, rngs=nnx.Rngs(0)), CriticModel(model_config, rngs=nnx.Rngs(1))
-    config = steps_lib.default_config()
+    config = default_config()
     config.actor.optimizer.learning_rate = config.critic.optimizer.learning_rate = 1e-3
     config.num_micro_batches = 2
     config.logprob_chunk_size = 128
-    fns = steps_lib.nnx_model_fns(actor, critic, chunk_size=config.logprob_chunk_size)
+    fns = nnx_model_fns(actor, critic, chunk_size=config.logprob_chunk_size)
     state = create_train_state(
-        actor_params=fns.actor_params, actor_optimizer=steps_lib.make_optimizer(config.actor.optimizer),
-        critic_params=fns.critic_params, critic_optimizer=steps_lib.make_optimizer(config.critic.optimizer))
-    shardings = steps_lib.train_state_shardings(
-        state, mesh, actor_param_shardings=steps_lib.nnx_param_shardings(actor, mesh),
-        critic_param_shardings=steps_lib.nnx_param_shardings(critic, mesh))
+        actor_params=fns.actor_params, actor_optimizer=make_optimizer(config.actor.optimizer),
+        critic_params=fns.critic_params, critic_optimizer=make_optimizer(config.critic.optimizer))
+    shardings = train_state_shardings(
+        state, mesh, actor_param_shardings=nnx_param_shardings(actor, mesh),
+        critic_param_shardings=nnx_param_shardings(critic, mesh))
     state = jax.device_put(state, shardings)  # the same values in every process
-    steps = steps_lib.build_steps(config, actor_logprobs=fns.actor_logprobs, critic_values=fns.critic_values,
-                                  mesh=mesh, state_sharding=shardings)
+    steps = build_steps(config, actor_logprobs=fns.actor_logprobs, critic_values=fns.critic_values,
+                        mesh=mesh, state_sharding=shardings)
     return steps, state, shardings
 
 
@@ -78,7 +82,7 @@ def test_two_processes_equal_one_process_with_eight_devices(tmp_path):
 
     from tr.models import sharding as sharding_lib
     from tr.train import checkpoint
-    from tr.train import steps as steps_lib
+    from tr.train.shardings import shard_batch
     from tr.train.state import abstract_state
 
     run_dir, out_dir = tmp_path / "run", tmp_path / "out"
@@ -110,7 +114,7 @@ def test_two_processes_equal_one_process_with_eight_devices(tmp_path):
     assert jax.device_count() == 8 and jax.process_count() == 1
     mesh = sharding_lib.make_mesh(MESH)
     steps, state, shardings = build_steps_and_state(mesh)
-    want, metrics = steps.ppo(state, steps_lib.shard_batch(batch, mesh))
+    want, metrics = steps.ppo(state, shard_batch(batch, mesh))
     for key, value in metrics.items():
         np.testing.assert_allclose(result["metrics"][key], float(value), rtol=1e-4, atol=1e-5, err_msg=key)
 

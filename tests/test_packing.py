@@ -13,8 +13,12 @@ from tr.data.episodes import pack_rows
 from tr.models.config import get_model_config
 from tr.models.critic import CriticModel
 from tr.models.decoder import Decoder
-from tr.stages import common
-from tr.train import steps as steps_lib
+from tr.stages.arrays import training_arrays
+from tr.stages.registry import ConfigError
+from tr.train.compile import build_steps
+from tr.train.model_fns import nnx_model_fns
+from tr.train.optim import make_optimizer
+from tr.train.updates import default_config
 from tr.train.state import create_train_state
 
 LENGTH = 128
@@ -91,19 +95,19 @@ def test_pack_rows_rounds_up_to_the_multiple_with_empty_rows(records):
 
 def test_training_arrays_pack_into_the_fewest_rows_of_the_multiple(records):
     rewards = [float(r.passed) for r in records]
-    padded, stats = common.training_arrays(records, rewards, rows=16, length=LENGTH)
-    packed, pstats = common.training_arrays(records, rewards, rows=16, length=LENGTH, pack_multiple=4)
+    padded, stats = training_arrays(records, rewards, rows=16, length=LENGTH)
+    packed, pstats = training_arrays(records, rewards, rows=16, length=LENGTH, pack_multiple=4)
     assert padded["tokens"].shape == (16, LENGTH) and stats["rows"] == 16
     assert pstats["rows"] == packed["tokens"].shape[0] == 4        # 12 episodes fit in <= 4 rows
     assert pstats["fill"] > 3 * stats["fill"]
     for k in ("actor_mask", "loss_mask", "dones"):
         assert packed[k].sum() == padded[k].sum(), k
     assert packed["rewards"].sum() == pytest.approx(padded["rewards"].sum())
-    with pytest.raises(common.ConfigError, match="pack_multiple=3"):
-        common.training_arrays(records, rewards, rows=16, length=LENGTH, pack_multiple=3)
-    with pytest.raises(common.ConfigError, match="num_windows"):
-        common.training_arrays(records, rewards, rows=16, length=LENGTH, num_windows=2,
-                               pack_multiple=4)
+    with pytest.raises(ConfigError, match="pack_multiple=3"):
+        training_arrays(records, rewards, rows=16, length=LENGTH, pack_multiple=3)
+    with pytest.raises(ConfigError, match="num_windows"):
+        training_arrays(records, rewards, rows=16, length=LENGTH, num_windows=2,
+                        pack_multiple=4)
 
 
 @pytest.mark.parametrize("estimator", ["tb_gae", "token_gae"])
@@ -112,21 +116,21 @@ def test_packed_rows_give_the_same_targets_and_update_as_padded_rows(records, es
                               d_ff=128, vocab_size=256, max_seq_len=LENGTH)
     actor = Decoder(config, rngs=nnx.Rngs(0))
     critic = CriticModel(config, rngs=nnx.Rngs(1))
-    fns = steps_lib.nnx_model_fns(actor, critic, chunk_size=64)
-    train = steps_lib.default_config()
+    fns = nnx_model_fns(actor, critic, chunk_size=64)
+    train = default_config()
     train.ppo.estimator = estimator
     train.ppo.gamma, train.ppo.lam = 0.99, 0.95       # token GAE with real decay: cuts must hold
     train.ppo.gamma_turn, train.ppo.lam_turn = 0.9, 0.8
-    steps = steps_lib.build_steps(train, actor_logprobs=fns.actor_logprobs,
-                                  critic_values=fns.critic_values)
+    steps = build_steps(train, actor_logprobs=fns.actor_logprobs,
+                        critic_values=fns.critic_values)
     state = create_train_state(actor_params=fns.actor_params, critic_params=fns.critic_params,
-                               actor_optimizer=steps_lib.make_optimizer(train.actor.optimizer),
-                               critic_optimizer=steps_lib.make_optimizer(train.critic.optimizer))
+                               actor_optimizer=make_optimizer(train.actor.optimizer),
+                               critic_optimizer=make_optimizer(train.critic.optimizer))
     rewards = [0.3 + float(r.passed) for r in records]
     results = {}
     for name, multiple in (("padded", 0), ("packed", 4)):
-        arrays, _ = common.training_arrays(records, rewards, rows=12, length=LENGTH,
-                                           pack_multiple=multiple)
+        arrays, _ = training_arrays(records, rewards, rows=12, length=LENGTH,
+                                    pack_multiple=multiple)
         batch = {k: jnp.asarray(v) for k, v in arrays.items()}
         prepared = {**batch, **steps.targets(state, batch)}
         new_state, metrics = steps.ppo(state, prepared)
@@ -158,9 +162,9 @@ def test_packing_without_segment_ids_would_mix_episodes(records):
     causal sequence per row) give other log-probs to every episode after a row's first."""
     config = get_model_config("tiny", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16,
                               d_ff=128, vocab_size=256, max_seq_len=LENGTH)
-    fns = steps_lib.nnx_model_fns(Decoder(config, rngs=nnx.Rngs(0)), chunk_size=64)
+    fns = nnx_model_fns(Decoder(config, rngs=nnx.Rngs(0)), chunk_size=64)
     rewards = [float(r.passed) for r in records]
-    arrays, _ = common.training_arrays(records, rewards, rows=12, length=LENGTH, pack_multiple=4)
+    arrays, _ = training_arrays(records, rewards, rows=12, length=LENGTH, pack_multiple=4)
     batch = {k: jnp.asarray(v) for k, v in arrays.items()}
     with_ids = np.asarray(fns.actor_logprobs(fns.actor_params, batch))
     without = np.asarray(fns.actor_logprobs(fns.actor_params, {

@@ -15,7 +15,10 @@ import child_runs
 
 from tr.models import sharding as sharding_lib
 from tr.train import checkpoint as ckpt
-from tr.train import steps as steps_lib
+from tr.train.model_fns import nnx_model_fns
+from tr.train.optim import make_optimizer
+from tr.train.shardings import nnx_param_shardings, train_state_shardings
+from tr.train.updates import default_config
 from tr.train.state import abstract_state, create_train_state
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -127,14 +130,14 @@ def test_sigkill_anywhere_then_restart_reproduces_the_uninterrupted_run(tmp_path
     config = get_model_config("tiny", n_layers=1, d_model=32, n_heads=2, n_kv_heads=1,
                               head_dim=16, d_ff=64, vocab_size=resume_child.VOCAB)
     actor, critic = Decoder(config, rngs=nnx.Rngs(0)), CriticModel(config, rngs=nnx.Rngs(1))
-    fns = steps_lib.nnx_model_fns(actor, critic)
-    opt = steps_lib.make_optimizer(steps_lib.default_config().actor.optimizer)
+    fns = nnx_model_fns(actor, critic)
+    opt = make_optimizer(default_config().actor.optimizer)
     template = create_train_state(actor_params=fns.actor_params, actor_optimizer=opt,
                                   critic_params=fns.critic_params, critic_optimizer=opt)
     mesh = sharding_lib.make_mesh((2, 2, 2, 1))
-    shardings = steps_lib.train_state_shardings(
-        template, mesh, actor_param_shardings=steps_lib.nnx_param_shardings(actor, mesh),
-        critic_param_shardings=steps_lib.nnx_param_shardings(critic, mesh))
+    shardings = train_state_shardings(
+        template, mesh, actor_param_shardings=nnx_param_shardings(actor, mesh),
+        critic_param_shardings=nnx_param_shardings(critic, mesh))
     with ckpt.StageStore(run, "rpr-1") as store:
         restored = store.restore(abstract_state(template, shardings))
         manifest = store.step_manifest()

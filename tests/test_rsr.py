@@ -151,7 +151,8 @@ def test_sample_clean_caps_each_task_then_each_family():
 
 
 def test_explore_sampling_defaults_to_the_rollouts_and_bad_values_name_the_field():
-    from tr.stages import common, rsr
+    from tr.stages import rsr
+    from tr.stages.registry import ConfigError
 
     config = rsr.defaults()
     config.name = "rsr-x"
@@ -159,10 +160,10 @@ def test_explore_sampling_defaults_to_the_rollouts_and_bad_values_name_the_field
     assert rsr.explore_sampling(config) == {"temperature": 1.0, "top_p": 1.0}
     config.rsr.temperature, config.rsr.top_p = 0.6, 0.95
     assert rsr.explore_sampling(config) == {"temperature": 0.6, "top_p": 0.95}
-    rsr._check(config)
+    rsr.check_config(config)
     for field, value in (("temperature", -0.1), ("top_p", 1.5), ("per_family", -1)):
         bad = rsr.defaults()
         bad.name = "rsr-x"
         bad.rsr[field] = value
-        with pytest.raises(common.ConfigError, match=f"rsr.{field}"):
-            rsr._check(bad)
+        with pytest.raises(ConfigError, match=f"rsr.{field}"):
+            rsr.check_config(bad)

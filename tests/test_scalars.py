@@ -8,7 +8,8 @@ import re
 import pytest
 
 from event_files import assert_same_scalars, expected_scalars, read_scalars
-from tr.stages import common, progress, scalars
+from tr.stages import progress, scalars
+from tr.stages.metrics import MetricsLog
 
 
 def line(iteration, step, loss):
@@ -18,7 +19,7 @@ def line(iteration, step, loss):
 
 
 def test_event_files_hold_the_metrics_jsonl_scalars(tmp_path):
-    log = common.MetricsLog(tmp_path / "metrics.jsonl", stream=io.StringIO())
+    log = MetricsLog(tmp_path / "metrics.jsonl", stream=io.StringIO())
     log.write([line(0, 1, 0.5), line(0, 2, float("nan"))])
     log.write([line(1, 3, -1.25)])
     log.close()
@@ -30,10 +31,10 @@ def test_event_files_hold_the_metrics_jsonl_scalars(tmp_path):
 
 
 def test_a_resumed_stage_replaces_the_steps_it_dropped(tmp_path):
-    first = common.MetricsLog(tmp_path / "metrics.jsonl", stream=io.StringIO())
+    first = MetricsLog(tmp_path / "metrics.jsonl", stream=io.StringIO())
     first.write([line(0, 1, 1.0), line(1, 2, 2.0), line(2, 3, 3.0)])   # killed before saving it 2
     # (no close: a killed run closes nothing, so each write must already be on disk)
-    resumed = common.MetricsLog(tmp_path / "metrics.jsonl", stream=io.StringIO())
+    resumed = MetricsLog(tmp_path / "metrics.jsonl", stream=io.StringIO())
     resumed.truncate(2)
     resumed.write([line(2, 3, 30.0), line(3, 4, 40.0)])
     resumed.close()
@@ -45,10 +46,10 @@ def test_a_resumed_stage_replaces_the_steps_it_dropped(tmp_path):
 def test_a_killed_run_loses_no_line_it_logged(tmp_path):
     """Resumed past its last line (nothing dropped): the killed writer's events, never closed,
     are all on disk, and the new file continues them."""
-    first = common.MetricsLog(tmp_path / "metrics.jsonl", stream=io.StringIO())
+    first = MetricsLog(tmp_path / "metrics.jsonl", stream=io.StringIO())
     first.write([line(0, 1, 1.0)])
     first.write([line(1, s, float(s)) for s in range(2, 6)])
-    resumed = common.MetricsLog(tmp_path / "metrics.jsonl", stream=io.StringIO())
+    resumed = MetricsLog(tmp_path / "metrics.jsonl", stream=io.StringIO())
     resumed.truncate(2)
     resumed.write([line(2, s, float(s)) for s in range(6, 10)])
     got = read_scalars(tmp_path)
@@ -76,7 +77,7 @@ def test_wandb_is_optional_and_named_when_missing(tmp_path, monkeypatch):
 
 def test_progress_line_has_the_stage_and_an_eta(tmp_path):
     out, log_stream = io.StringIO(), io.StringIO()
-    log = common.MetricsLog(tmp_path / "metrics.jsonl", stream=log_stream)
+    log = MetricsLog(tmp_path / "metrics.jsonl", stream=log_stream)
     with progress.stage(1, 4, "rpr1", "ppo", stream=out):
         log.t0 -= 20.0                        # 20 s into the stage,
         log.start = 2                         # resumed after 2 iterations: 2 more done here

@@ -155,7 +155,7 @@ def test_a_queued_request_takes_the_first_freed_slot(sampler):
     greedy = lambda n: SamplingParams(temperature=0.0, max_new_tokens=n)  # noqa: E731
     order, steps0 = [], sampler.stats.decode_steps
     steps_at = {}  # decode steps run when each request was done (callbacks run in the engine thread)
-    with sampler._cv:  # the engine admits nothing until all four are queued
+    with sampler.admission_lock():  # the engine admits nothing until all four are queued
         futs = {name: sampler.submit([1, 2 + i], greedy(n), episode_id=name)
                 for i, (name, n) in enumerate((("long0", 32), ("long1", 32), ("short", 2), ("queued", 3)))}
         for name, f in futs.items():

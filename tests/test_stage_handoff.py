@@ -15,7 +15,8 @@ import pytest
 
 from tr.agent.harness import SYSTEM_PROMPT as HARNESS_PROMPT
 from tr.models import embedded
-from tr.stages import common
+from tr.stages.stage_config import resolve_stage_config
+from tr.stages.stage_models import build_models, inherit_from_parent
 from tr.stages.registry import ConfigError
 
 SMALL = dict(n_layers=1, d_model=32, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)
@@ -27,26 +28,26 @@ def write_manifest(run_dir: pathlib.Path, stage: str, config: dict) -> None:
 
 
 def child(**entry) -> ml_collections.ConfigDict:
-    return common.resolve_stage_config({"name": "child", **entry})
+    return resolve_stage_config({"name": "child", **entry})
 
 
 def test_unset_fields_come_from_the_actor_parent_manifest(tmp_path):
     write_manifest(tmp_path, "gymbase", embedded.manifest_config())      # Base: model as a name
-    config = common.inherit_from_parent(child(actor_from="gymbase"), tmp_path)
+    config = inherit_from_parent(child(actor_from="gymbase"), tmp_path)
     assert config.model.name == "gym" and dict(config.model.overrides) == {}
     assert config.tokenizer == embedded.TOKENIZER
     assert config.system_prompt == embedded.SYSTEM_PROMPT
 
     write_manifest(tmp_path, "small", {"model": {"name": "gym", "overrides": SMALL},
                                        "tokenizer": "byte"})            # a loop stage: {name, overrides}
-    config = common.inherit_from_parent(child(actor_from="small"), tmp_path)
+    config = inherit_from_parent(child(actor_from="small"), tmp_path)
     assert dict(config.model.overrides) == SMALL and config.tokenizer == "byte"
     assert config.system_prompt == HARNESS_PROMPT                        # none recorded: the fallback
 
 
 def test_the_stage_config_wins_over_the_parent(tmp_path):
     write_manifest(tmp_path, "gymbase", embedded.manifest_config())
-    config = common.inherit_from_parent(
+    config = inherit_from_parent(
         child(actor_from="gymbase", tokenizer="byte", system_prompt="Be brief.",
               model={"name": "tiny", "overrides": {"n_layers": 1}}), tmp_path)
     assert (config.model.name, dict(config.model.overrides)) == ("tiny", {"n_layers": 1})
@@ -54,25 +55,25 @@ def test_the_stage_config_wins_over_the_parent(tmp_path):
 
 
 def test_no_parent_gets_the_fallbacks_and_bad_parents_raise(tmp_path):
-    config = common.inherit_from_parent(child(), tmp_path)
+    config = inherit_from_parent(child(), tmp_path)
     assert (config.model.name, config.tokenizer, config.system_prompt) == (
         "tiny", "byte", HARNESS_PROMPT)
     with pytest.raises(ConfigError, match="'missing' has no manifest"):
-        common.inherit_from_parent(child(actor_from="missing"), tmp_path)
+        inherit_from_parent(child(actor_from="missing"), tmp_path)
     write_manifest(tmp_path, "nomodel", {"tokenizer": "byte"})
     with pytest.raises(ConfigError, match="config.model = None"):
-        common.inherit_from_parent(child(actor_from="nomodel"), tmp_path)
+        inherit_from_parent(child(actor_from="nomodel"), tmp_path)
     write_manifest(tmp_path, "gymbase", embedded.manifest_config())
     write_manifest(tmp_path, "bytecritic", {"model": {"name": "gym", "overrides": {}},
                                             "tokenizer": "byte"})
     with pytest.raises(ConfigError, match="critic_from='bytecritic'"):
-        common.inherit_from_parent(child(actor_from="gymbase", critic_from="bytecritic"), tmp_path)
+        inherit_from_parent(child(actor_from="gymbase", critic_from="bytecritic"), tmp_path)
 
 
 def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused():
     with pytest.raises(ConfigError, match="vocab_size 512"):
-        common.build_models(ml_collections.ConfigDict({"name": "tiny", "overrides": {}}),
-                            tokenizer=embedded.TOKENIZER)
+        build_models(ml_collections.ConfigDict({"name": "tiny", "overrides": {}}),
+                     tokenizer=embedded.TOKENIZER)
 
 
 def test_pipeline_child_runs_with_the_bpe_parent_tokenizer_and_prompt(tmp_path):
@@ -128,9 +129,9 @@ def test_a_fresh_critic_can_start_from_the_actor_parent(tmp_path):
                     "tokenizer": embedded.TOKENIZER}]}), tmp_path)
     states = {}
     for init in ("random", "actor"):
-        config = common.resolve_stage_config({"name": f"critic_{init}", "kind": "warmup",
-                                              "actor_from": "base", "critic_from": "fresh",
-                                              "critic_init": init})
+        config = resolve_stage_config({"name": f"critic_{init}", "kind": "warmup",
+                                       "actor_from": "base", "critic_from": "fresh",
+                                       "critic_init": init})
         opened = handoff.open_stage(config, tmp_path, kind="warmup", actor_trains=False,
                                     critic_trains=True)
         states[init] = opened.state
@@ -143,7 +144,7 @@ def test_a_fresh_critic_can_start_from_the_actor_parent(tmp_path):
     assert equal(from_actor["backbone"], states["actor"].actor_params)
     assert not np.asarray(from_actor["value_head"]).any() and float(from_actor["value_bias"]) == 0.0
     assert not equal(states["random"].critic_params["backbone"], states["random"].actor_params)
-    bad = common.resolve_stage_config({"name": "critic_bad", "kind": "warmup", "actor_from": "base",
-                                       "critic_from": "fresh", "critic_init": "reward_model"})
+    bad = resolve_stage_config({"name": "critic_bad", "kind": "warmup", "actor_from": "base",
+                                "critic_from": "fresh", "critic_init": "reward_model"})
     with pytest.raises(ConfigError, match="critic_init='reward_model'"):
         handoff.open_stage(bad, tmp_path, kind="warmup", actor_trains=False, critic_trains=True)

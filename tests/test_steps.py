@@ -15,7 +15,12 @@ from tr.models.config import get_model_config
 from tr.models.critic import CriticModel
 from tr.models.decoder import Decoder
 from tr.train import microbatch
-from tr.train import steps as steps_lib
+from tr.train.compile import build_steps, run_epochs
+from tr.train.microbatch import split_micro_batches
+from tr.train.model_fns import nnx_model_fns
+from tr.train.optim import make_optimizer
+from tr.train.shardings import nnx_param_shardings, shard_batch, train_state_shardings
+from tr.train.updates import default_config, ppo_update
 from tr.train.state import create_train_state
 
 B, L, VOCAB, GROUP = 8, 16, 64, 4
@@ -28,7 +33,7 @@ def tiny_config():
 
 
 def make_config(num_micro_batches=1):
-    config = steps_lib.default_config()
+    config = default_config()
     config.actor.optimizer.learning_rate = 1e-3   # large enough that a wrong gradient shows
     config.critic.optimizer.learning_rate = 1e-3
     config.ppo.gamma_turn = 0.9
@@ -79,14 +84,14 @@ def setup():
     # A non-zero value head so the critic's values (and EV) are not trivially 0.
     critic.value_head.set_value(jax.random.normal(jax.random.key(2), critic.value_head.shape) * 0.5)
     config = make_config()
-    fns = steps_lib.nnx_model_fns(actor, critic, chunk_size=config.logprob_chunk_size)
+    fns = nnx_model_fns(actor, critic, chunk_size=config.logprob_chunk_size)
     state = create_train_state(
         actor_params=fns.actor_params,
-        actor_optimizer=steps_lib.make_optimizer(config.actor.optimizer),
+        actor_optimizer=make_optimizer(config.actor.optimizer),
         critic_params=fns.critic_params,
-        critic_optimizer=steps_lib.make_optimizer(config.critic.optimizer), seed=0)
-    steps = steps_lib.build_steps(config, actor_logprobs=fns.actor_logprobs,
-                                  critic_values=fns.critic_values)
+        critic_optimizer=make_optimizer(config.critic.optimizer), seed=0)
+    steps = build_steps(config, actor_logprobs=fns.actor_logprobs,
+                        critic_values=fns.critic_values)
     batch = make_batch()
     results = {name: getattr(steps, name)(state, batch) for name in STEP_NAMES}
     return dict(actor=actor, critic=critic, fns=fns, state=state, batch=batch, config=config,
@@ -158,9 +163,9 @@ def test_ppo_step_matches_reference_gradient_and_logs_explained_variance(setup):
     actor_grads, critic_grads = jax.jit(lambda a, c: (jax.grad(policy_loss)(a),
                                                       jax.grad(value_loss)(c)))(
         state.actor_params, state.critic_params)
-    want_actor, _ = reference_update(steps_lib.make_optimizer(config.actor.optimizer),
+    want_actor, _ = reference_update(make_optimizer(config.actor.optimizer),
                                      state.actor_params, state.actor_opt_state, actor_grads)
-    want_critic, _ = reference_update(steps_lib.make_optimizer(config.critic.optimizer),
+    want_critic, _ = reference_update(make_optimizer(config.critic.optimizer),
                                       state.critic_params, state.critic_opt_state, critic_grads)
     assert max_abs_diff(new_state.actor_params, want_actor) < 2e-5
     assert max_abs_diff(new_state.critic_params, want_critic) < 2e-5
@@ -189,7 +194,7 @@ def test_grpo_step_weights_original_and_recovery_groups(setup):
         return -(0.5 * j_original + 0.5 * j_recovery)
 
     grads = jax.jit(jax.grad(objective))(state.actor_params)
-    want, _ = reference_update(steps_lib.make_optimizer(config.actor.optimizer),
+    want, _ = reference_update(make_optimizer(config.actor.optimizer),
                                state.actor_params, state.actor_opt_state, grads)
     assert max_abs_diff(new_state.actor_params, want) < 2e-5
 
@@ -197,9 +202,9 @@ def test_grpo_step_weights_original_and_recovery_groups(setup):
 @pytest.mark.parametrize("name", STEP_NAMES)
 def test_four_micro_batches_equal_one_full_batch(setup, name):
     fns = setup["fns"]
-    steps4 = steps_lib.build_steps(make_config(num_micro_batches=4),
-                                   actor_logprobs=fns.actor_logprobs,
-                                   critic_values=fns.critic_values)
+    steps4 = build_steps(make_config(num_micro_batches=4),
+                         actor_logprobs=fns.actor_logprobs,
+                         critic_values=fns.critic_values)
     full_state, full_metrics = setup["results"][name]
     micro_state, micro_metrics = getattr(steps4, name)(setup["state"], setup["batch"])
     assert max_abs_diff(micro_state, full_state) < 2e-5
@@ -226,18 +231,18 @@ def test_step_on_8_device_mesh_equals_single_device(setup, name):
     mesh = sharding_lib.make_mesh((2, 2, 2, 1))
     config = make_config(num_micro_batches=2)  # micro-batching of a sharded batch, too
     fns, state = setup["fns"], setup["state"]
-    shardings = steps_lib.train_state_shardings(
+    shardings = train_state_shardings(
         state, mesh,
-        actor_param_shardings=steps_lib.nnx_param_shardings(setup["actor"], mesh),
-        critic_param_shardings=steps_lib.nnx_param_shardings(setup["critic"], mesh))
+        actor_param_shardings=nnx_param_shardings(setup["actor"], mesh),
+        critic_param_shardings=nnx_param_shardings(setup["critic"], mesh))
     sharded_state = jax.device_put(state, shardings)
     assert any(len(x.sharding.device_set) == 8 and not x.sharding.is_fully_replicated
                for x in jax.tree.leaves(sharded_state.actor_params))
-    steps = steps_lib.build_steps(config, actor_logprobs=fns.actor_logprobs,
-                                  critic_values=fns.critic_values, mesh=mesh,
-                                  state_sharding=shardings)
+    steps = build_steps(config, actor_logprobs=fns.actor_logprobs,
+                        critic_values=fns.critic_values, mesh=mesh,
+                        state_sharding=shardings)
     mesh_state, mesh_metrics = getattr(steps, name)(sharded_state,
-                                                    steps_lib.shard_batch(setup["batch"], mesh))
+                                                    shard_batch(setup["batch"], mesh))
     single_state, single_metrics = setup["results"][name]
     assert max_abs_diff(jax.device_get(mesh_state), single_state) < 2e-5
     for key in single_metrics:
@@ -249,7 +254,7 @@ def test_step_on_8_device_mesh_equals_single_device(setup, name):
 
 def test_bad_batches_and_configs_are_refused_clearly(setup):
     fns, state, batch = setup["fns"], setup["state"], setup["batch"]
-    ppo = functools.partial(steps_lib.ppo_update, actor_logprobs=fns.actor_logprobs,
+    ppo = functools.partial(ppo_update, actor_logprobs=fns.actor_logprobs,
                             critic_values=fns.critic_values,
                             actor_optimizer=optax.sgd(1e-3), critic_optimizer=optax.sgd(1e-3))
     with pytest.raises(ValueError, match="lacks \\['dones'\\]"):
@@ -257,20 +262,20 @@ def test_bad_batches_and_configs_are_refused_clearly(setup):
     with pytest.raises(ValueError, match="'rewards'.*floating point"):
         ppo(state, {**batch, "rewards": batch["rewards"].astype(jnp.int32)})
     with pytest.raises(ValueError, match="cannot be split into 3"):
-        steps_lib.split_micro_batches(batch, 3)
+        split_micro_batches(batch, 3)
     config = make_config()
     config.critic.optimizer.schedule = "exponential"
     with pytest.raises(ValueError, match="schedule 'exponential' unknown"):
-        steps_lib.make_optimizer(config.critic.optimizer)
+        make_optimizer(config.critic.optimizer)
     config = make_config()
     config.ppo.entropy_coef = 0.1   # KL and entropy terms work (issue 46); a bonus needs the entropy fn
     with pytest.raises(ValueError, match="entropy_coef=0.1 needs actor_logprobs_entropy"):
-        steps_lib.build_steps(config, actor_logprobs=fns.actor_logprobs,
-                              critic_values=fns.critic_values).ppo(state, batch)
+        build_steps(config, actor_logprobs=fns.actor_logprobs,
+                    critic_values=fns.critic_values).ppo(state, batch)
 
 
 def test_default_config_is_table_1():
-    config = steps_lib.default_config()
+    config = default_config()
     assert config.actor.optimizer.learning_rate == 5e-7
     assert config.critic.optimizer.learning_rate == 1.5e-5
     assert config.critic.optimizer.grad_clip_norm == 100.0
@@ -278,7 +283,7 @@ def test_default_config_is_table_1():
     assert config.ppo.kl_coef == config.ppo.entropy_coef == 0.0
     # The critic's clip is live: Adam's first moment after one huge gradient is (1-b1) * g
     # with g scaled to global norm 100.
-    critic_opt = steps_lib.make_optimizer(config.critic.optimizer)
+    critic_opt = make_optimizer(config.critic.optimizer)
     params = {"w": jnp.zeros(4)}
     _, opt_state = critic_opt.update({"w": jnp.full((4,), 1e6)}, critic_opt.init(params), params)
     mu = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda x: hasattr(x, "mu"))
@@ -293,18 +298,18 @@ def test_constant_learning_rates_share_one_compiled_step_and_each_applies_its_ow
     gradient is not ~0)."""
     config = get_model_config("tiny", n_layers=1, d_model=64, d_ff=128, n_heads=2, n_kv_heads=1,
                               head_dim=32, vocab_size=64, max_seq_len=64)
-    fns = steps_lib.nnx_model_fns(Decoder(config, rngs=nnx.Rngs(0)), None)
+    fns = nnx_model_fns(Decoder(config, rngs=nnx.Rngs(0)), None)
     rng = np.random.default_rng(0)
     batch = {"tokens": jnp.asarray(rng.integers(0, 64, (2, 16)), jnp.int32),
              "loss_mask": jnp.ones((2, 16), bool)}
     texts = []
     for lr in (1e-3, 2e-4):
-        cfg = steps_lib.default_config()
+        cfg = default_config()
         cfg.actor.optimizer.learning_rate = lr
         cfg.actor.optimizer.grad_clip_norm = None
-        step = steps_lib.build_steps(cfg, actor_logprobs=fns.actor_logprobs).sft
+        step = build_steps(cfg, actor_logprobs=fns.actor_logprobs).sft
         state = create_train_state(actor_params=fns.actor_params,
-                                   actor_optimizer=steps_lib.make_optimizer(cfg.actor.optimizer),
+                                   actor_optimizer=make_optimizer(cfg.actor.optimizer),
                                    seed=0)
         texts.append(step.lower(state, batch).as_text())
         new_state, _ = step(state, batch)
@@ -322,8 +327,8 @@ def test_constant_learning_rates_share_one_compiled_step_and_each_applies_its_ow
 def make_micro_steps(setup, micro_batch_rows):
     config = make_config()
     config.micro_batch_rows = micro_batch_rows
-    return steps_lib.build_steps(config, actor_logprobs=setup["fns"].actor_logprobs,
-                                 critic_values=setup["fns"].critic_values)
+    return build_steps(config, actor_logprobs=setup["fns"].actor_logprobs,
+                       critic_values=setup["fns"].critic_values)
 
 
 def test_accumulate_skips_micro_batches_without_data():
@@ -375,7 +380,7 @@ def test_any_batch_in_the_bucket_equals_the_batch_and_shares_one_executable(setu
     step = getattr(steps, name)
     for rows in (8, 6):
         small = {k: v[:rows] for k, v in setup["batch"].items()}
-        want_state, want_metrics = getattr(steps_lib.build_steps(
+        want_state, want_metrics = getattr(build_steps(
             make_config(), actor_logprobs=setup["fns"].actor_logprobs,
             critic_values=setup["fns"].critic_values), name)(setup["state"], small)
         bucket = microbatch.bucket_layout(small, np.arange(rows), rows=16, micro_batch_rows=2)
@@ -400,14 +405,14 @@ def test_run_epochs_in_a_bucket_equals_run_epochs_on_the_batch(setup):
     batch = dict(setup["batch"])
     for key in ("actor_mask", "loss_mask"):
         batch[key] = batch[key].at[5:7].set(False)            # rows 5 and 6: no data
-    plain = steps_lib.build_steps(make_config(), actor_logprobs=setup["fns"].actor_logprobs,
-                                  critic_values=setup["fns"].critic_values)
+    plain = build_steps(make_config(), actor_logprobs=setup["fns"].actor_logprobs,
+                        critic_values=setup["fns"].critic_values)
     micro = make_micro_steps(setup, 2)
     prepared = {**batch, **plain.targets(setup["state"], batch)}
-    want, want_hist = steps_lib.run_epochs(plain.ppo, setup["state"], prepared, epochs=2,
-                                           mini_batches=2, seed=3)
-    got, got_hist = steps_lib.run_epochs(micro.ppo, setup["state"], prepared, epochs=2,
-                                         mini_batches=2, seed=3, micro_batch_rows=2)
+    want, want_hist = run_epochs(plain.ppo, setup["state"], prepared, epochs=2,
+                                 mini_batches=2, seed=3)
+    got, got_hist = run_epochs(micro.ppo, setup["state"], prepared, epochs=2,
+                               mini_batches=2, seed=3, micro_batch_rows=2)
     assert len(got_hist) == len(want_hist) == 4
     assert max_abs_diff(got, want) < 5e-5
     for g, w in zip(got_hist, want_hist):

@@ -334,17 +334,20 @@ def test_stage_rollouts_use_the_configured_context():
     import ml_collections
 
     from tr.models import embedded
-    from tr.stages import common
+    from tr.stages.actor import Actor
+    from tr.stages.splits import stage_tasks
+    from tr.stages.stage_config import stage_defaults
+    from tr.stages.stage_models import build_models
 
-    models = common.build_models(ml_collections.ConfigDict({"name": embedded.MODEL}),
-                                 tokenizer=embedded.TOKENIZER,
-                                 system_prompt=embedded.SYSTEM_PROMPT)
-    tasks = common.stage_tasks(ml_collections.ConfigDict({"source": "gym", "count": 2, "seed": 0}),
-                               "train")
-    rollout = common.stage_defaults().rollout
+    models = build_models(ml_collections.ConfigDict({"name": embedded.MODEL}),
+                          tokenizer=embedded.TOKENIZER,
+                          system_prompt=embedded.SYSTEM_PROMPT)
+    tasks = stage_tasks(ml_collections.ConfigDict({"source": "gym", "count": 2, "seed": 0}),
+                        "train")
+    rollout = stage_defaults().rollout
     rollout.update(concurrency=4, max_output_tokens=64, max_turns=12)
     lengths = {}
-    with common.Actor(models, rollout) as actor:
+    with Actor(models, rollout) as actor:
         for context in (0, 1024):
             actor.config.context = context
             # a wall budget far above the task's own: on a loaded machine the agent timeout came

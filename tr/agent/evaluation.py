@@ -20,9 +20,12 @@ from collections.abc import Mapping, Sequence
 
 from tr.agent.harness import Budgets, EpisodeSpec
 from tr.agent.policies import Policy
+from tr.agent.policies import ScriptedPolicy, load_model_policy
 from tr.agent.records import EpisodeRecord, write_shard
 from tr.agent.rollout import RolloutConfig, run_rollouts
 from tr.agent.transcript import ChatLayout
+from tr.envs.tasks import load_suite
+from tr.models.tokenizer import ByteTokenizer
 
 
 def eval_specs(tasks: Sequence, k: int, *, seed: int = 0) -> list[EpisodeSpec]:
@@ -83,8 +86,6 @@ def summarise(records: Sequence[EpisodeRecord], tasks: Sequence, k: int) -> dict
 
 
 def _default_layout() -> ChatLayout:
-    from tr.models.tokenizer import ByteTokenizer
-
     return ChatLayout(ByteTokenizer())
 
 
@@ -175,7 +176,6 @@ def build_policies(names: Sequence[str], tasks: Sequence, *, seed: int = 0,
     """Policies by name with the budgets each needs: 'scripted' (the reference-solution teacher,
     the task's own turn cap unless `max_turns`) or a model size such as 'tiny' (untrained; budgets
     that fit its sampler, turns capped at `model_max_turns`, else `max_turns`)."""
-    from tr.agent.policies import ScriptedPolicy, load_model_policy
 
     policies, budgets = {}, {}
     for name in names:
@@ -209,8 +209,6 @@ def main(argv=None) -> int:
     p.add_argument("--model-output-tokens", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-
-    from tr.envs.tasks import load_suite
 
     tasks = load_suite(args.suite)
     if args.tasks:

@@ -26,7 +26,16 @@ from typing import Protocol
 from tr.agent.harness import (
     FORMAT_REMINDER, SUMMARY_INTRO, SUMMARY_REQUEST, Cancelled, GenerationRequest, format_action,
 )
+from tr.agent.harness import Budgets
+from tr.agent.transcript import ChatLayout
 from tr.agent.transcript import Generation
+from tr.envs.tasks import split_turns
+from tr.envs.tasks.model import script_interpreter
+from tr.models.config import get_model_config
+from tr.models.decoder import Decoder
+from tr.models.tokenizer import ByteTokenizer
+from tr.sampling.sampler import EVAL_SAMPLING, JaxSampler, SamplingParams, TRAINING_SAMPLING
+from tr.sampling.slots import EpisodeSampler
 
 
 class Policy(Protocol):
@@ -50,8 +59,6 @@ def solution_commands(task) -> list[str]:
     """The reference solution as agent turns: the blocks of a tr ``solve.sh``; for an external
     layout (Harbor, TB1) one turn that writes the script to a file and runs it with its own
     interpreter (so its ``set -e`` or ``exit`` stay out of the agent's persistent shell)."""
-    from tr.envs.tasks import split_turns
-    from tr.envs.tasks.model import script_interpreter
 
     if task.solution is None:
         raise ValueError(f"task {task.id}: has no reference solution")
@@ -290,7 +297,6 @@ class ModelPolicy:
 
     def __init__(self, sampler, tokenizer, *, temperature: float = 0.6, top_p: float = 0.95,
                  seed: int = 0, name: str = "model", max_seq_len: int | None = None):
-        from tr.agent.transcript import ChatLayout
 
         self.sampler, self.tokenizer = sampler, tokenizer
         self.layout = ChatLayout(tokenizer)
@@ -307,7 +313,6 @@ class ModelPolicy:
         ``context`` > 0: the episode's whole context (prompt + output) instead of that bucket
         rule, up to ``max_seq_len`` over an episode sampler (its caches hold the model's whole
         context, no prompt bucket), up to the bucket rule's over a batch sampler."""
-        from tr.agent.harness import Budgets
 
         new_bucket = 1 << max(max_output_tokens - 1, 1).bit_length()
         prompt = 1 << (self.max_seq_len - new_bucket).bit_length() - 1
@@ -332,8 +337,6 @@ class ModelPolicy:
         return hasattr(self.sampler, "submit")
 
     def _params(self, caps: Sequence[int], seed: int):
-        from tr.sampling.sampler import SamplingParams
-
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, max_new_tokens=max(caps),
                               stop_token_ids=(self.tokenizer.eos_id,), seed=seed)
 
@@ -393,12 +396,6 @@ def load_model_policy(name: str = "tiny", *, model=None, seed: int = 0, temperat
     episode's turns, ``slots`` decode slots, continuous batching) or ``"reprefill"``
     (:class:`~tr.sampling.sampler.JaxSampler`: each batch re-reads every prompt)."""
     from flax import nnx
-
-    from tr.models.config import get_model_config
-    from tr.models.decoder import Decoder
-    from tr.models.tokenizer import ByteTokenizer
-    from tr.sampling.sampler import EVAL_SAMPLING, TRAINING_SAMPLING, JaxSampler
-    from tr.sampling.slots import EpisodeSampler
 
     presets = {"eval": EVAL_SAMPLING, "train": TRAINING_SAMPLING}
     if engine not in ("episode", "reprefill"):

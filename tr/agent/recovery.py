@@ -39,7 +39,11 @@ from tr.agent.records import EpisodeRecord, EpisodeStatus, episode_to_sequences
 from tr.agent.rollout import (
     RolloutConfig, discard_snapshot_ref, group_specs, recovery_specs, run_rollouts,
 )
+from tr.agent.harness import GenerationRequest
+from tr.agent.http_policy import HttpPolicy
+from tr.agent.policies import solution_commands
 from tr.agent.transcript import ChatLayout, Generation, inherited_history
+from tr.envs import gym
 
 # The generation-time prompt (the teacher's workflow); the SFT input and recovery rollouts carry
 # the condensed r = RECOVERY_PROMPT instead.
@@ -143,15 +147,12 @@ class EmbeddedTeacher:
 
     @staticmethod
     def plan(task) -> list[str]:
-        from tr.envs import gym
-
         if task.family in gym.FAMILIES:
             try:
                 gym.task_seed(task)
                 return [INSPECT_COMMAND] + list(gym.repair_commands(task))
             except (ValueError, KeyError):
                 pass
-        from tr.agent.policies import solution_commands
         return [INSPECT_COMMAND] + solution_commands(task)
 
     def check_request(self, req) -> None:
@@ -183,7 +184,6 @@ def make_teacher(kind: str, tasks: Sequence = (), **http):
     if kind == "embedded":
         return EmbeddedTeacher(tasks)
     if kind == "http":
-        from tr.agent.http_policy import HttpPolicy
         return HttpPolicy(source="teacher", **http)
     raise ValueError(f"teacher kind {kind!r}: expected 'embedded' or 'http'")
 
@@ -277,7 +277,6 @@ class HttpJudge:
 
     def __call__(self, filter_name: str, rec: EpisodeRecord, instruction: str,
                  flags: list[str]) -> bool:
-        from tr.agent.harness import GenerationRequest
 
         commands = "\n".join(f"{t.turn}: {t.command}" for t in rec.turns if t.command)
         text = JUDGE_PROMPT.format(task=instruction, flags="; ".join(flags), commands=commands,

@@ -21,8 +21,17 @@ from typing import Any, TextIO
 
 from tr.agent.harness import RECOVERY_PROMPT, SYSTEM_PROMPT, Budgets, EpisodeSpec, run_episode
 from tr.agent.policies import Policy, RequestBatcher
+from tr.agent.policies import ScriptedPolicy, load_model_policy
 from tr.agent.records import EpisodeRecord, EpisodeStatus
+from tr.agent.records import write_shard
 from tr.agent.transcript import ChatLayout
+from tr.envs.backends import discard_snapshot, get_backend
+from tr.envs.endpoints import EndpointPool
+from tr.envs.sandbox import SandboxConfig, snapshot_fields
+from tr.envs.tasks import load_suite
+from tr.envs.tasks.runner import prepare, sandbox_config, verify
+from tr.models.config import get_model_config
+from tr.models.tokenizer import ByteTokenizer
 
 
 # ----------------------------------------------------------------------------------------------
@@ -40,8 +49,6 @@ class TaskEnv:
 
     def __init__(self, backend: Any = "local", sandbox_config: Any = None,
                  docker_endpoints: Sequence[str] = (), *, endpoint_cooldown_s: float = 30.0):
-        from tr.envs.backends import get_backend
-        from tr.envs.sandbox import SandboxConfig
 
         self.backend = get_backend(backend)     # a name or a tr.envs.backends.Backend
         self.sandbox_config = sandbox_config if sandbox_config is not None else SandboxConfig()
@@ -54,7 +61,6 @@ class TaskEnv:
             if not self.backend.endpoints:
                 raise ValueError(f"docker_endpoints={list(docker_endpoints)!r} needs a backend "
                                  f"with engine endpoints ('docker'), not {self.backend.name!r}")
-            from tr.envs.endpoints import EndpointPool
             self.pool = EndpointPool(docker_endpoints, cooldown_s=endpoint_cooldown_s)
 
     def _sandbox(self, config, image: str | None = None):
@@ -97,8 +103,6 @@ class TaskEnv:
         return None if ep is None else ep.name
 
     def open(self, spec: EpisodeSpec):
-        from tr.envs.tasks.runner import prepare, sandbox_config
-
         config = sandbox_config(spec.task, self.backend, self.sandbox_config)
         snapshot = None
         if spec.parent is not None:
@@ -124,14 +128,11 @@ class TaskEnv:
         return snapshot_to_ref(sandbox.snapshot(persist=True))
 
     def verify(self, spec: EpisodeSpec, sandbox):
-        from tr.envs.tasks.runner import verify
-
         return verify(spec.task, sandbox)
 
     def verifier_fault(self, spec: EpisodeSpec, sandbox) -> tuple[str, str]:
         """After a verifier error: "harness" if the sandbox died or the verifier also fails on a
         fresh sandbox with the task laid down and nothing done (the canary), else "agent"."""
-        from tr.envs.tasks.runner import prepare, sandbox_config, verify
 
         if not sandbox.alive():
             where = self.endpoint_of(sandbox)
@@ -171,7 +172,6 @@ def snapshot_to_ref(snapshot) -> dict:
 
 def snapshot_from_ref(ref: dict):
     """Inverse of :func:`snapshot_to_ref`."""
-    from tr.envs.sandbox import snapshot_fields
 
     return snapshot_fields(ref)
 
@@ -179,7 +179,6 @@ def snapshot_from_ref(ref: dict):
 def discard_snapshot_ref(ref: dict | None) -> None:
     """Deletes the snapshot a record points to (a cancelled or unwanted episode's)."""
     if ref:
-        from tr.envs.backends import discard_snapshot
 
         discard_snapshot(snapshot_from_ref(ref))
 
@@ -411,10 +410,6 @@ def main(argv=None, *, load_checkpoint=None) -> int:
     one, so the agent room never imports it; without it ``--checkpoint`` says to use termrl."""
     import argparse
 
-    from tr.agent.policies import ScriptedPolicy, load_model_policy
-    from tr.agent.records import write_shard
-    from tr.envs.tasks import load_suite
-
     p = argparse.ArgumentParser(prog="python -m tr.agent.rollout",
                                 description="Roll a policy out over a task suite; write episode records (JSONL)")
     p.add_argument("--policy", default=None,
@@ -439,7 +434,6 @@ def main(argv=None, *, load_checkpoint=None) -> int:
     p.add_argument("--max-turns", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    from tr.envs.backends import get_backend
     try:
         get_backend(args.backend)
     except ValueError as exc:
@@ -468,12 +462,10 @@ def main(argv=None, *, load_checkpoint=None) -> int:
             return 2
         layout, budgets = policy.layout, policy.budgets(256, max_turns=args.max_turns)
     elif args.policy in (None, "scripted"):
-        from tr.models.tokenizer import ByteTokenizer
 
         policy = ScriptedPolicy(tasks, mistake_prob=args.mistake_prob, seed=args.seed)
         layout, budgets = ChatLayout(ByteTokenizer()), Budgets(max_turns=args.max_turns)
     else:
-        from tr.models.config import get_model_config
 
         try:
             get_model_config(args.policy)

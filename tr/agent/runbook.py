@@ -26,6 +26,8 @@ import pathlib
 import re
 from typing import Protocol, Sequence
 
+from tr.agent.harness import GenerationRequest
+from tr.agent.http_policy import HttpPolicy
 from tr.agent.records import EpisodeRecord
 
 PROMPTS_DIR = pathlib.Path(__file__).resolve().parent / "prompts"
@@ -278,7 +280,6 @@ def render_steps(steps: Sequence[Step], max_observation_chars: int = 400) -> str
 
 def _chat(policy, system: str, user: str, *, max_tokens: int, task_id: str, seed: int,
           purpose: str) -> str:
-    from tr.agent.harness import GenerationRequest  # pylint: disable=g-import-not-at-top
 
     req = GenerationRequest(messages=({"role": "system", "content": system},
                                       {"role": "user", "content": user}),
@@ -359,7 +360,6 @@ def make_planner(kind: str, *, base_url: str = "", model: str = "", seed: int = 
     if kind == "embedded":
         return CommandListPlanner()
     if kind == "http":
-        from tr.agent.http_policy import HttpPolicy  # pylint: disable=g-import-not-at-top
 
         return HttpPlanner(HttpPolicy(base_url, model, source="teacher", **http), seed=seed)
     raise ValueError(f"planner {kind!r}: expected one of {PLANNERS}")
@@ -371,7 +371,6 @@ def make_reviewer(kind: str, *, base_url: str = "", model: str = "", seed: int =
     if kind == "embedded":
         return LeakRuleReviewer()
     if kind == "http":
-        from tr.agent.http_policy import HttpPolicy  # pylint: disable=g-import-not-at-top
 
         return HttpReviewer(HttpPolicy(base_url, model, source="teacher", **http), seed=seed)
     raise ValueError(f"reviewer {kind!r}: expected one of {REVIEWERS}")

@@ -53,7 +53,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from tr.agent.harness import GenerationRequest
 from tr.agent.policies import Policy, RequestBatcher
+from tr.agent.policies import ScriptedPolicy, load_model_policy
 from tr.agent.transcript import ChatLayout, Generation, transcript_from_messages
+from tr.envs.tasks import load_suite
+from tr.models.tokenizer import ByteTokenizer
 
 MAX_N = 16          # most choices one request may ask for
 MAX_STOP = 4        # OpenAI's limit on stop strings
@@ -417,14 +420,10 @@ def _handler(server: ChatServer):
 def build_policy(kind: str, *, suite: str | None, mistake_prob: float, model: str, seed: int):
     """(policy, layout) for the CLI: the scripted teacher over a suite, or the JAX model policy."""
     if kind == "scripted":
-        from tr.envs.tasks import load_suite
-        from tr.models.tokenizer import ByteTokenizer
-        from tr.agent.policies import ScriptedPolicy
 
         return (ScriptedPolicy(load_suite(suite), mistake_prob=mistake_prob, seed=seed),
                 ChatLayout(ByteTokenizer()))
     if kind == "model":
-        from tr.agent.policies import load_model_policy
 
         policy = load_model_policy(model, seed=seed)
         return policy, policy.layout

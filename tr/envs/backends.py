@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Callable
 
 from tr.envs.sandbox import Sandbox, SandboxConfig, Snapshot
+from tr.envs.sandbox import SandboxError, snapshot_fields
+from tr.envs.workspace import remove_tree
 
 _KNOWN = {"local": "tr.envs.local", "docker": "tr.envs.docker_sandbox"}
 BACKENDS = tuple(_KNOWN)
@@ -113,7 +115,6 @@ def make_sandbox(backend: "str | Backend", config: SandboxConfig | None = None) 
 
 def discard_snapshot(snapshot: Snapshot) -> None:
     """Delete a (persistent) snapshot: its host folder and whatever its backend made for it."""
-    from tr.envs.sandbox import snapshot_fields
     snapshot = snapshot_fields(snapshot)
     try:
         backend = get_backend(snapshot.backend)
@@ -127,8 +128,6 @@ def remove_snapshot_folder(snapshot: Snapshot) -> None:
     """Delete a snapshot's host folder (any depth); a missing one is fine."""
     import os
 
-    from tr.envs.sandbox import SandboxError
-    from tr.envs.workspace import remove_tree
     if snapshot.location and os.path.isdir(snapshot.location):
         try:                          # iterative: a snapshot may hold a tree of any depth
             remove_tree(Path(snapshot.location))

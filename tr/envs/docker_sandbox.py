@@ -69,14 +69,17 @@ import time
 from pathlib import Path
 
 from tr.envs import cgroups, filetree
-from tr.envs.images.base import LABEL, docker_client, ensure_base_image
 from tr.envs.backends import Backend, remove_snapshot_folder
+from tr.envs.images.base import LABEL, docker_client, ensure_base_image
 from tr.envs.sandbox import (CommandResult, SandboxConfig, ShellSandbox, SandboxError, Snapshot,
                             SnapshotRefused)
 from tr.envs.shell import ShellProcess, ShellSession, run_to_eof
-from tr.envs.workspace import (HostWorkspace, _copy_host_tree_into, copy_dir,
+from tr.envs.workspace import (HostWorkspace, copy_host_tree_into, copy_dir,
                                default_state_dir, host_scope, owner_id, owner_is_dead,
                                private_dir, reap_stale, run_reaper)
+from tr.envs.endpoints import endpoint_client
+from tr.envs.images import build_task_image
+from tr.envs.protected import FILES, FILES_MOUNT, PYTHON_MOUNT, python_mounts
 
 OWNER_LABEL = "tr.owner"
 SNAP_REPO = "tr-snap"
@@ -116,7 +119,6 @@ def _owner_labels(kind: str) -> dict:
 def remove_image(image: str, endpoint: str | None = None) -> None:
     import docker
     if endpoint:
-        from tr.envs.endpoints import endpoint_client
         client = endpoint_client(endpoint)
     else:
         client = docker_client()
@@ -252,7 +254,6 @@ class DockerSandbox(ShellSandbox):
         if endpoint is None:
             self.client = docker_client()
         else:
-            from tr.envs.endpoints import endpoint_client
             self.client = endpoint_client(endpoint)
         private_dir(self.state_dir)
         if endpoint not in _reaped:
@@ -309,7 +310,6 @@ class DockerSandbox(ShellSandbox):
         import docker
         cfg = self.config
         mb = 1024 * 1024
-        from tr.envs.protected import python_mounts
         exe, binds = python_mounts(self.state_dir)
         runtime = host_runtime()
         mounts = [docker.types.Mount(target=path, source=self.ws.host_dir(name), type="bind")
@@ -410,7 +410,6 @@ class DockerSandbox(ShellSandbox):
         run_env = {"PYTHONPATH": "", "PYTHONSTARTUP": "", "PATH": SHELL_PATH} if clean_env else {}
         run_env.update(env or {})
         t0 = time.monotonic()
-        from tr.envs.protected import PYTHON_MOUNT
         rt = self.runtime
         script = FRESH.format(loader=shlex.quote(rt.loader),
                               libpath=shlex.quote(f"{PYTHON_MOUNT}/lib:{rt.libpath}"),
@@ -504,7 +503,7 @@ class DockerSandbox(ShellSandbox):
 
     # --- files -----------------------------------------------------------------------------
     def _in_areas(self, path, follow_last: bool = True) -> bool:
-        return self.ws._split(self.ws.canonical(str(path), follow_last)) is not None
+        return self.ws.split_area(self.ws.canonical(str(path), follow_last)) is not None
 
     def write_file(self, sandbox_path, data: bytes | str, mode: int = 0o644) -> None:
         self._require()
@@ -574,7 +573,7 @@ class DockerSandbox(ShellSandbox):
             sub = os.open(name, filetree.DIR_FLAGS, dir_fd=fd)
             try:
                 os.fchmod(sub, stat.S_IMODE(host_path.stat().st_mode))
-                _copy_host_tree_into(host_path, sub, (0, 0))
+                copy_host_tree_into(host_path, sub, (0, 0))
             finally:
                 os.close(sub)
         except OSError as e:
@@ -747,7 +746,7 @@ class DockerSandbox(ShellSandbox):
             return []
         fd = self._host_make_dir(mount)
         try:
-            _copy_host_tree_into(Path(tests_dir), fd, (0, 0))
+            copy_host_tree_into(Path(tests_dir), fd, (0, 0))
         finally:
             os.close(fd)
         return []
@@ -766,7 +765,6 @@ class DockerSandbox(ShellSandbox):
         libraries (the agent's to replace) load into the verifier; ``/etc/ld.so.preload``, which
         every loader reads, is deleted.  The mounts are checked to be still in place."""
         self._require()
-        from tr.envs.protected import FILES, FILES_MOUNT, PYTHON_MOUNT
         self.remove_path("/etc/ld.so.preload")
         # the host's libc in the verifier reads the container's /etc/nsswitch.conf: the
         # harness's (files only) replaces the agent's, after the pre-verifier snapshot
@@ -1000,7 +998,6 @@ class DockerBackend(Backend):
         return DockerSandbox
 
     def task_image(self, dockerfile, context, *, notes, log, timeout_s, config) -> str:
-        from tr.envs.images import build_task_image
         return build_task_image(dockerfile, context, log=log, notes=notes, timeout_s=timeout_s)
 
     def discard_snapshot(self, snapshot: Snapshot) -> None:

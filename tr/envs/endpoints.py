@@ -33,6 +33,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from tr.envs.images.base import base_image_tag as tag
 from tr.envs.sandbox import SandboxError
 
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
@@ -126,7 +127,6 @@ def answers(spec: "str | Endpoint", timeout: float = 5.0) -> bool:
 @functools.cache
 def base_image_tag() -> str:
     """The tag of the base image this host's packages make (``tr.envs.images``), computed once."""
-    from tr.envs.images.base import base_image_tag as tag
     return tag()
 
 

@@ -44,6 +44,8 @@ from tr.envs.shell import PipeIO, ShellProcess, ShellSession, run_to_eof
 from tr.envs.userns import UserNamespace, UserNamespaceError, shift_owners
 from tr.envs.workspace import (HostWorkspace, default_state_dir, private_dir, reap_stale,
                                run_reaper)
+from tr.envs.protected import python_mounts, verifier_files
+from tr.envs.workspace import owner_is_dead
 
 BWRAP = shutil.which("bwrap") or "/usr/bin/bwrap"
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -458,7 +460,6 @@ class LocalSandbox(ShellSandbox):
         ``python`` ... are links through it --, PAM's) and the harness's files-only
         ``nsswitch.conf`` (``/etc/ld.so.preload`` deleted); read-only, in the verifier's tree
         only.  The rest of ``/etc`` (``passwd``, ``hosts``, ...) is the agent's, read as data."""
-        from tr.envs.protected import python_mounts, verifier_files
         exe, binds = python_mounts(self.state_dir)
         self.remove_path("/etc/ld.so.preload")
         tmpl = self.etc_template
@@ -601,7 +602,6 @@ def _env_resets_signals() -> bool:
 
 def reap_stale_cgroups() -> None:
     """Remove empty cgroups left by sandboxes of processes killed with -9."""
-    from tr.envs.workspace import owner_is_dead
     root = cgroups.CGROUP_V1
     dirs = [root / "pids" / CGROUP_GROUP, root / "freezer" / CGROUP_GROUP,
             root / "memory" / cgroups.own_cgroup("memory") / CGROUP_GROUP,

@@ -95,6 +95,7 @@ import os
 from pathlib import Path
 
 from tr.envs.sandbox import CommandResult, SandboxError
+from tr.envs.workspace import private_dir
 
 PYTHON_MOUNT = "/opt/tr/python"     # where the project interpreter appears (read-only)
 PIP_MOUNT = "/opt/tr/pip"           # the project's pip, off the verifier's sys.path (read-only)
@@ -255,7 +256,6 @@ FILES_VERSION = hashlib.sha256(repr((sorted(FILES.items()), sorted(LINKS.items()
 def verifier_files(state_dir) -> Path:
     """The host folder of :data:`FILES` (written once per state folder, atomically; the folder
     0755 and the files 0644, read-only to the sandbox through its mount)."""
-    from tr.envs.workspace import private_dir
     state_dir = private_dir(Path(state_dir))
     dest = state_dir / f"verifier-files-{FILES_VERSION}"
     if dest.is_dir():

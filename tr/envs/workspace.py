@@ -391,7 +391,7 @@ class HostWorkspace:
         self.last_snapshot = None
 
     # --- safe path resolution ----------------------------------------------------------------
-    def _split(self, path: str) -> tuple[str, list[str]] | None:
+    def split_area(self, path: str) -> tuple[str, list[str]] | None:
         """('area name', [components below it]) for a canonical sandbox path, or None."""
         for prefix in sorted(self.areas, key=len, reverse=True):
             if path == prefix or path.startswith(prefix.rstrip("/") + "/"):
@@ -419,7 +419,7 @@ class HostWorkspace:
             if not queue and not follow_last:
                 out = cand
                 break
-            split = self._split("/" + "/".join(cand))
+            split = self.split_area("/" + "/".join(cand))
             if split is None or not split[1]:
                 out = cand
                 continue
@@ -443,7 +443,7 @@ class HostWorkspace:
 
     def locate(self, path, follow_last: bool = True) -> tuple[str, list[str]]:
         canon = self.canonical(str(path), follow_last)
-        split = self._split(canon)
+        split = self.split_area(canon)
         if split is None:
             raise SandboxError(f"sandbox path {path!r} (resolved {canon!r}) is outside the "
                                f"writable areas {sorted(self.areas)}")
@@ -544,7 +544,7 @@ class HostWorkspace:
         dfd = self.open_dir(area, parts, create=True)
         try:
             os.fchmod(dfd, stat.S_IMODE(host_path.stat().st_mode))
-            _copy_host_tree_into(host_path, dfd, self.owner)
+            copy_host_tree_into(host_path, dfd, self.owner)
         finally:
             os.close(dfd)
 
@@ -630,7 +630,7 @@ def _copy_out_entry(src_dir: int, name: str, st: os.stat_result, dst_dir: int, d
         os.close(out)
 
 
-def _copy_host_tree_into(src: Path, dfd: int, owner: tuple[int, int]) -> None:
+def copy_host_tree_into(src: Path, dfd: int, owner: tuple[int, int]) -> None:
     """Copy a host folder's contents (harness input: the task's files) into open folder
     ``dfd``, merged; every entry made belongs to ``owner``."""
     for entry in os.scandir(src):
@@ -652,7 +652,7 @@ def _copy_host_tree_into(src: Path, dfd: int, owner: tuple[int, int]) -> None:
             try:
                 os.fchown(sub, *owner)
                 os.fchmod(sub, stat.S_IMODE(entry.stat().st_mode))
-                _copy_host_tree_into(Path(entry.path), sub, owner)
+                copy_host_tree_into(Path(entry.path), sub, owner)
             finally:
                 os.close(sub)
         elif entry.is_file():

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from tr.models import tokenizer as tokenizer_lib
 from tr.models.config import get_model_config
+from tr.models.weights import assign_params, export_state_dict, load_safetensors
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -122,7 +123,6 @@ def load_init(model, spec: str):
     (repo-relative allowed);
     "" leaves its random initialisation.  A missing or mismatched file is one error naming it."""
     # flax comes in with the weights: lazily, so loading an experiment config stays light
-    from tr.models.weights import load_safetensors  # pylint: disable=g-import-not-at-top
 
     if not spec:
         return model
@@ -139,8 +139,6 @@ def load_init(model, spec: str):
 def save_params(model, params, path: Path) -> Path:
     """Write `params` (a pure dict of `model`'s parameters) as one HF-named safetensors file."""
     from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-
-    from tr.models.weights import assign_params, export_state_dict  # pylint: disable=g-import-not-at-top
 
     assign_params(model, params)
     path.parent.mkdir(parents=True, exist_ok=True)

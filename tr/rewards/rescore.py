@@ -32,9 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from tr.rewards import profile, shaping
+from tr.rewards import profile, registry, shaping
 
-FORMULAS = ("fdr", "spr")
+# the registered rewards that read a scale table (`tr.rewards.registry`): fdr, spr
+FORMULAS = tuple(registry.scaled_rewards())
 METRIC_KEYS = (
     "failure_mass_share",
     "failures_ge_1",
@@ -53,13 +54,11 @@ def formula_rewards(
     missing = sorted(set(trajectories.families) - set(table))
     if missing:
         raise KeyError(f"no scale for family/families {missing}")
-    if formula == "fdr":
-        scale = np.asarray([table[f]["D"] for f in trajectories.families], np.float32)
-        return np.asarray(shaping.fdr(trajectories.matched, scale))
-    if formula == "spr":
-        scale = np.asarray([table[f]["D_prime"] for f in trajectories.families], np.float32)
-        return np.asarray(shaping.spr(trajectories.strict_pass, trajectories.matched, scale))
-    raise ValueError(f"unknown formula {formula!r}; expected one of {FORMULAS}")
+    if formula not in FORMULAS:
+        raise ValueError(f"unknown formula {formula!r}; expected one of {FORMULAS}")
+    kind = registry.reward(formula)
+    scale = np.asarray([table[f][kind.scale_field] for f in trajectories.families], np.float32)
+    return kind.fn(trajectories.strict_pass, trajectories.matched, scale)
 
 
 def reward_metrics(
@@ -169,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--scales", help="scale table from `python -m tr.rewards.profile` (default: profile FILEs)"
     )
-    parser.add_argument("--formula", choices=("fdr", "spr", "both"), default="both")
+    parser.add_argument("--formula", choices=(*FORMULAS, "both"), default="both")
     parser.add_argument("--json", action="store_true", help='print {"fdr": {...}, "spr": {...}}')
     parser.add_argument("--plot", metavar="OUT.png", help="write reward histograms here")
     parser.add_argument("--skip-bad", action="store_true", help="report and skip bad lines")

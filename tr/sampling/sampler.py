@@ -89,7 +89,7 @@ class SamplerEngine(Protocol):
                  max_new_tokens: Sequence[int] | None = None) -> list[Completion]: ...
 
 
-def _bucket(n: int, minimum: int) -> int:
+def pow2_bucket(n: int, minimum: int) -> int:
     """Smallest power of two >= max(n, minimum)."""
     size = minimum
     while size < n:
@@ -163,8 +163,9 @@ class JaxSampler:
         self.min_batch_bucket = min_batch_bucket
         self.stop_check_steps = stop_check_steps
         self.compile_counts: Counter[str] = Counter()
-        self._prefill = jax.jit(self._prefill_impl, static_argnames=("cache_len",))
-        self._decode = jax.jit(self._decode_impl, donate_argnames=("cache",))
+        # the jitted prefill and decode calls (public: a benchmark wraps them to time them)
+        self.prefill_fn = jax.jit(self._prefill_impl, static_argnames=("cache_len",))
+        self.decode_fn = jax.jit(self._decode_impl, donate_argnames=("cache",))
 
     def update_weights(self, weights) -> None:
         """Use new parameters: a `Decoder` or its pure parameter dict (`TrainState.actor_params`).
@@ -237,9 +238,9 @@ class JaxSampler:
         if params.stop_strings and self.tokenizer is None:
             raise ValueError("JaxSampler.generate: stop_strings need the sampler to have a tokenizer")
 
-        batch = _bucket(n, self.min_batch_bucket)
-        p_len = _bucket(max(len(p) for p in prompts), self.min_prompt_bucket)
-        n_new = _bucket(max(caps), self.min_new_bucket)
+        batch = pow2_bucket(n, self.min_batch_bucket)
+        p_len = pow2_bucket(max(len(p) for p in prompts), self.min_prompt_bucket)
+        n_new = pow2_bucket(max(caps), self.min_new_bucket)
         if p_len + n_new > self.config.max_seq_len:
             raise ValueError(f"JaxSampler.generate: prompt bucket {p_len} + new-token bucket {n_new} exceeds "
                              f"max_seq_len={self.config.max_seq_len} of model {self.config.name!r}")
@@ -254,7 +255,7 @@ class JaxSampler:
             mask[r, p_len - len(ids):] = True
             positions[r, p_len - len(ids):] = np.arange(len(ids))
             lengths_prompt[r] = len(ids)
-        cache, logits = self._prefill(self.state, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask),
+        cache, logits = self.prefill_fn(self.state, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask),
                                       cache_len=p_len + n_new)
 
         max_new = np.ones(batch, np.int32)
@@ -271,7 +272,7 @@ class JaxSampler:
         limit = 0
         while True:
             limit = min(limit + step, n_new)
-            carry = self._decode(self.state, *carry[:7], carry[7], jnp.asarray(max_new), jnp.asarray(stop_ids),
+            carry = self.decode_fn(self.state, *carry[:7], carry[7], jnp.asarray(max_new), jnp.asarray(stop_ids),
                                  key, temperature, top_p, jnp.int32(limit))
             lengths, done_now = np.array(carry[5]), np.array(carry[6])
             if params.stop_strings:

@@ -80,7 +80,7 @@ from flax import nnx
 from tr.models.decoder import HEAD_MAJOR_CACHE_AXES, Decoder, KVCache
 from tr.models.sharding import constrain
 from tr.models.tokenizer import Tokenizer
-from tr.sampling.sampler import Completion, SamplingParams, _bucket, replace_weights, sample_token
+from tr.sampling.sampler import Completion, SamplingParams, pow2_bucket, replace_weights, sample_token
 
 MAX_STOP_IDS = 4
 
@@ -190,10 +190,10 @@ class EpisodeSampler:
             raise ValueError(f"EpisodeSampler: cache_len={self.cache_len} exceeds max_seq_len="
                              f"{self.config.max_seq_len} of model {self.config.name!r}")
         self.max_new_tokens = max_new_tokens
-        self.prefill_chunk = _bucket(prefill_chunk, 1)
+        self.prefill_chunk = pow2_bucket(prefill_chunk, 1)
         self.decode_steps = decode_steps
         self.refill_decode_steps = max(1, min(refill_decode_steps, decode_steps))
-        self.attention_block = _bucket(attention_block, 1)
+        self.attention_block = pow2_bucket(attention_block, 1)
         self.reuse_cache = reuse_cache
         # Prefill one row per call: a row's logits never depend on which rows share a call (a
         # batched prefill's shape, hence its float rounding, follows the admission timing).
@@ -203,7 +203,7 @@ class EpisodeSampler:
         # Decode computes the active rows rounded up to a multiple of `row_quantum` (every row when
         # it equals `slots`): at most `decode_buckets` compiled decode shapes per capacity.
         self.row_quantum = slots if batch_invariant else -(-slots // min(decode_buckets, slots))
-        self.capacity = min(_bucket(min_capacity, 1), _bucket(self.cache_len, 1))
+        self.capacity = min(pow2_bucket(min_capacity, 1), pow2_bucket(self.cache_len, 1))
         self.compile_counts: Counter[str] = Counter()
         self.stats = EngineStats()
         self._rows = [_Row() for _ in range(slots)]
@@ -216,7 +216,8 @@ class EpisodeSampler:
         self._thread: threading.Thread | None = None
         self._reset_device_state()
         self._prefill_fn = jax.jit(self._prefill_impl, donate_argnums=(1, 2, 4))
-        self._decode_fn = jax.jit(self._decode_impl, donate_argnums=(1, 2, 4))
+        # the jitted decode call (public: a benchmark wraps it to time it)
+        self.decode_fn = jax.jit(self._decode_impl, donate_argnums=(1, 2, 4))
 
     # -- sizes -----------------------------------------------------------------------------------
     @property
@@ -237,7 +238,7 @@ class EpisodeSampler:
         created already split by its logical axes (`_constrain_state`), never whole on one device."""
         c, r = self.config, self.slots
         shape = (c.n_layers, r, c.n_kv_heads, self._alloc(self.capacity), c.head_dim)
-        n = _bucket(self.max_new_tokens, 1)
+        n = pow2_bucket(self.max_new_tokens, 1)
 
         def make():
             dec = {
@@ -345,6 +346,11 @@ class EpisodeSampler:
         return keys, values, end, dec, steps_done
 
     # -- public API --------------------------------------------------------------------------------
+    def admission_lock(self):
+        """The engine's lock as a context manager: requests submitted while it is held are admitted
+        together (the engine admits nothing until it is released)."""
+        return self._cv
+
     def submit(self, prompt: Sequence[int], params: SamplingParams = SamplingParams(), *,
                max_new_tokens: int | None = None, episode_id: str | None = None, salt: int = 0) -> Future:
         """Queue one request; the future resolves to its `Completion` (or `RequestCancelled`)."""
@@ -591,11 +597,11 @@ class EpisodeSampler:
         with self._cv, self._device_lock, self._mesh_context():
             if any(r.request is not None for r in self._rows) or self._queue:
                 raise RuntimeError("EpisodeSampler.precompile: requests in flight")
-            self._grow(min(int(capacity or self.cache_len), _bucket(self.cache_len, 1)))
+            self._grow(min(int(capacity or self.cache_len), pow2_bucket(self.cache_len, 1)))
             for bit in range(self.slots.bit_length()):
                 self._keys, self._values, self._end, self._dec = self._prefill_fn(*self._padding_prefill(1 << bit))
             for n_rows in range(self.row_quantum, self.slots + self.row_quantum, self.row_quantum):
-                self._keys, self._values, self._end, self._dec, _ = self._decode_fn(
+                self._keys, self._values, self._end, self._dec, _ = self.decode_fn(
                     self.state, self._keys, self._values, self._end, self._dec, np.bool_(False),
                     np.int32(self.decode_steps), self._decode_rows(list(range(min(n_rows, self.slots)))))
             jax.block_until_ready(self._keys)
@@ -628,10 +634,10 @@ class EpisodeSampler:
                   np.int32(self.decode_steps))
         with self._mesh_context():
             out = {"prefill": copies(self._prefill_fn.lower(*self._padding_prefill(1))),
-                   "decode": copies(self._decode_fn.lower(*decode, None))}
+                   "decode": copies(self.decode_fn.lower(*decode, None))}
             rows = self._decode_rows([0])
             if rows is not None:
-                out["decode_rows"] = copies(self._decode_fn.lower(*decode, rows))
+                out["decode_rows"] = copies(self.decode_fn.lower(*decode, rows))
         return out
 
     def _decode_rows(self, active: list[int]) -> np.ndarray | None:
@@ -651,7 +657,7 @@ class EpisodeSampler:
         # so it waits at most `refill_decode_steps` tokens for its row.
         refill = any(r.request is None and r.episode_id is not None for r in self._rows)
         sel = self._decode_rows([i for i, r in enumerate(self._rows) if r.request is not None])
-        self._keys, self._values, self._end, self._dec, steps_done = self._decode_fn(
+        self._keys, self._values, self._end, self._dec, steps_done = self.decode_fn(
             self.state, self._keys, self._values, self._end, self._dec, np.bool_(bool(self._queue)),
             np.int32(self.refill_decode_steps if refill else self.decode_steps), sel)
         active = np.asarray(self._dec["active"])

@@ -28,6 +28,7 @@ import threading
 from concurrent.futures import Future
 from typing import Any, Sequence
 
+from tr.models.weights import export_state_dict
 from tr.sampling.sampler import Completion, SamplingParams
 
 _INSTALL_HINT = ("vllm is not installed: on a TPU host run `pip install vllm-tpu` (see requirements-tpu.txt), "
@@ -122,8 +123,6 @@ class VllmEngine:
             named = list(weights.items())  # already {hf_name: array}
         else:
             from flax import nnx  # noqa: PLC0415
-
-            from tr.models.weights import export_state_dict  # noqa: PLC0415
 
             if not isinstance(weights, nnx.Module):
                 raise ValueError("VllmEngine.update_weights: pass a Decoder (nnx.merge the parameter dict "

@@ -10,7 +10,7 @@
               already copy names and numbers in context (300 updates of `copy_batches`, made once by
               `python -m tr.stages.embedded pretrain`), or "" for a random init then
               `copy.steps` copy updates in the run
-    sft       a fixed number of updates (`tr.train.steps` SFT step), evaluated on `val` at update
+    sft       a fixed number of updates (`tr.train.compile.build_steps` SFT step), evaluated on `val` at update
               `eval_start` and every `eval_every` updates after it (and at the last); the demos run
               in the sandboxes while the model is set up and its update compiled
     select    the checkpoint whose val Pass@1 is closest to `target` among those inside `band`
@@ -36,11 +36,29 @@ import time
 
 import numpy as np
 
+from tr.agent import evaluation, runbook as rb
+from tr.agent.harness import Budgets, EpisodeSpec
 from tr.agent.harness import format_action
+from tr.agent.policies import ModelPolicy
+from tr.agent.records import episode_to_sequences
+from tr.agent.rollout import RolloutConfig, run_rollouts
+from tr.agent.transcript import ChatLayout
 from tr.agent.transcript import Generation
+from tr.data.episodes import packed_batches
+from tr.envs import gym
 from tr.models import embedded
+from tr.models.decoder import Decoder
+from tr.models.tokenizer import ENDOFTEXT, IM_END, IM_START, PAD
+from tr.stages import handoff
 from tr.stages import scalars
+from tr.stages.actor import episode_sampler
 from tr.stages.registry import ConfigError
+from tr.train.checkpoint import STAGE_NAME, StageStore
+from tr.train.compile import build_steps
+from tr.train.model_fns import nnx_model_fns
+from tr.train.optim import make_optimizer
+from tr.train.state import create_train_state
+from tr.train.updates import default_config
 
 
 class PlanPolicy:
@@ -67,7 +85,6 @@ def demo_plans(tasks, *, seed: int, p_mistake: float, p_truncate: float,
     replaced by the family's partial attempt), 'runbook' = the reference, played on the task whose
     instruction carries the runbook of those commands (`runbook_task`), else 'clean' = the
     reference."""
-    from tr.envs import gym
 
     rng = random.Random(f"demos:{seed}")
     plans = {}
@@ -91,7 +108,6 @@ def runbook_task(task, commands):
     """`task` as an RSR replay sees it: its instruction followed by the embedded planner's runbook
     of `commands` (`tr.agent.runbook.CommandListPlanner`, `with_runbook`).  Base demos on such
     prompts teach the policy to read a runbook, so RSR's replays can succeed (SPEC §6)."""
-    from tr.agent import runbook as rb
 
     steps = [rb.Step(command, "", 0) for command in commands]
     return rb.with_runbook(task, rb.CommandListPlanner().plan(task, steps))
@@ -99,10 +115,6 @@ def runbook_task(task, commands):
 
 def make_demos(config, tokenizer, layout):
     """Run the demos; returns (sequences, stats)."""
-    from tr.agent.harness import Budgets, EpisodeSpec
-    from tr.agent.records import episode_to_sequences
-    from tr.agent.rollout import RolloutConfig, run_rollouts
-    from tr.envs import gym
 
     tasks = gym.split_tasks("train", config.demos.tasks, seed=config.seed)
     plans = demo_plans(tasks, seed=config.seed, p_mistake=config.demos.p_mistake,
@@ -201,7 +213,6 @@ def with_copy_rows(data, *, rows: int, ordinary_ids: np.ndarray, span: tuple[int
 
 def ordinary_ids(tokenizer) -> np.ndarray:
     """Every id of `tokenizer` except its chat specials (pad, end of text, turn markers)."""
-    from tr.models.tokenizer import ENDOFTEXT, IM_END, IM_START, PAD
 
     special = {tokenizer.special_id(name) for name in (PAD, ENDOFTEXT, IM_START, IM_END)}
     return np.asarray([i for i in range(tokenizer.vocab_size) if i not in special], np.int32)
@@ -210,15 +221,12 @@ def ordinary_ids(tokenizer) -> np.ndarray:
 class Evaluator:
     """Pass@1 of the current parameters on a fixed task list, on an `EpisodeSampler` (compiled
     once).  Each request's key is `fold_in(key(seed), crc32(episode id, episode seed, turn))`
-    (`ModelPolicy.submit`), and the sampler's shapes are fixed (`common.MIN_SLOTS` rows, the full cache
+    (`ModelPolicy.submit`), and the sampler's shapes are fixed (`actor.MIN_SLOTS` rows, the full cache
     length, batch-invariant prefill) and the episode's wall-clock cap is far above need
     (`eval.wall_time_s`), so an evaluation is a function of (parameters, tasks, seed): the same
     episodes at any concurrency and any timing of the sandboxes."""
 
     def __init__(self, config, model, tokenizer):
-        from tr.agent.policies import ModelPolicy
-        from tr.stages.common import episode_sampler
-
         self.config, self.model, self.tokenizer = config, model, tokenizer
         self.sampler = episode_sampler(model, tokenizer, concurrency=config.concurrency,
                                        max_new_tokens=config.eval.max_output_tokens)
@@ -231,8 +239,6 @@ class Evaluator:
         self.sampler.close()
 
     def __call__(self, tasks, workdir: pathlib.Path, *, concurrency: int | None = None) -> dict:
-        from tr.agent import evaluation
-
         ev = self.config.eval
         policy = self.policy_cls(self.sampler, self.tokenizer, temperature=ev.temperature,
                                  top_p=ev.top_p, seed=self.config.seed, name="base")
@@ -360,12 +366,12 @@ def defaults(variant: str = "default"):
     return config
 
 
-def _check(config) -> None:
-    from tr.train.checkpoint import _STAGE_NAME
+def check_config(config) -> None:
+    """The value checks of a Base config (before anything runs); ConfigError names the field."""
 
-    if not _STAGE_NAME.match(config.stage or ""):
+    if not STAGE_NAME.match(config.stage or ""):
         raise ConfigError(f"config.stage / stage name {config.stage!r} must match "
-                          f"{_STAGE_NAME.pattern}")
+                          f"{STAGE_NAME.pattern}")
     for field in ("tasks",):
         if config.demos[field] < 1:
             raise ConfigError(f"config.demos.{field} must be >= 1, got {config.demos[field]}")
@@ -411,17 +417,15 @@ def sft_stepper(fns, actor_params, *, learning_rate: float, warmup: int, steps: 
     """(compiled SFT update, train state) for `steps` updates of `actor_params` with a fresh AdamW:
     lr warms up for `warmup` updates, then cosine to a tenth at `steps`; `micro_batch_rows`: the
     train config's (0: one pass over each batch)."""
-    from tr.train import steps as steps_lib
-    from tr.train.state import create_train_state
 
-    train_cfg = steps_lib.default_config()
+    train_cfg = default_config()
     train_cfg.micro_batch_rows = int(micro_batch_rows)
     opt = train_cfg.actor.optimizer
     opt.learning_rate, opt.schedule, opt.warmup_steps = learning_rate, "warmup_cosine", warmup
     opt.decay_steps, opt.end_learning_rate_factor = steps, 0.1
-    step = steps_lib.build_steps(train_cfg, actor_logprobs=fns.actor_logprobs).sft
+    step = build_steps(train_cfg, actor_logprobs=fns.actor_logprobs).sft
     state = create_train_state(actor_params=actor_params,
-                               actor_optimizer=steps_lib.make_optimizer(opt), seed=seed)
+                               actor_optimizer=make_optimizer(opt), seed=seed)
     return step, state
 
 
@@ -453,14 +457,7 @@ def train(config, run_dir: pathlib.Path, out_dir: pathlib.Path) -> dict:
     import jax
     from flax import nnx
 
-    from tr.agent.transcript import ChatLayout
-    from tr.data.episodes import packed_batches
-    from tr.envs import gym
-    from tr.models.decoder import Decoder
-    from tr.train import steps as steps_lib
-    from tr.train.checkpoint import StageStore
-
-    _check(config)
+    check_config(config)
     t_start = time.monotonic()
     run_dir, out_dir = pathlib.Path(run_dir), pathlib.Path(out_dir)
     tokenizer = embedded.load_tokenizer(config.tokenizer)
@@ -480,7 +477,7 @@ def train(config, run_dir: pathlib.Path, out_dir: pathlib.Path) -> dict:
         demos = pool.submit(make_demos, config, tokenizer, layout)
         try:
             model = embedded.load_init(Decoder(model_cfg, rngs=nnx.Rngs(config.seed)), config.init)
-            fns = steps_lib.nnx_model_fns(model)
+            fns = nnx_model_fns(model)
             actor_params, copy_stats = fns.actor_params, {"steps": 0}
             if config.copy.steps:
                 actor_params, copy_stats = copy_warmup(config, fns, tokenizer, t_start)
@@ -593,8 +590,6 @@ def _write_json(path: pathlib.Path, data: dict) -> None:
 
 
 def _finished(run_dir: pathlib.Path, stage: str) -> dict | None:
-    from tr.stages import handoff
-
     return handoff.finished_summary(run_dir, stage)
 
 
@@ -612,7 +607,7 @@ def run(config, workdir: pathlib.Path) -> dict:
 # Stage kind `base` (tr.stages.pipeline)
 
 KIND = "base"
-# Fields of the pipeline's shared `stage_defaults` (tr.stages.common.stage_defaults) that a Base
+# Fields of the pipeline's shared `stage_defaults` (tr.stages.stage_config.stage_defaults) that a Base
 # stage has no use for: ignored when they reach it through the merge, not an error.
 _SHARED_IGNORED = ("tasks", "critic_init", "train", "rollout", "arrays", "checkpoint", "eval.every",
                    "eval.k", "eval.count", "eval.at_start")

@@ -29,9 +29,17 @@ import pathlib
 import shutil
 from typing import Any
 
+from tr.agent.harness import SYSTEM_PROMPT
+from tr.agent.policies import ModelPolicy
 from tr.models import embedded
-from tr.stages import common
+from tr.models.config import get_model_config
+from tr.models.decoder import Decoder
+from tr.models.tokenizer import ByteTokenizer
+from tr.models.weights import assign_params, config_from_hf, load_safetensors, save_safetensors
+from tr.stages.actor import episode_sampler
 from tr.stages.registry import ConfigError
+from tr.stages.stage_models import parent_model
+from tr.train.checkpoint import CheckpointError as StoreError, StageStore
 
 HF_PREFIX = "hf:"
 OPENAI_PREFIX = "openai:"
@@ -122,7 +130,6 @@ def parse(spec: str) -> Spec:
 def _tokenizer(spec: str, model_config, where: str):
     """The tokenizer `spec` names ('byte': byte ids sized to the model's vocabulary), refused when
     it has more ids than the model's embedding."""
-    from tr.models.tokenizer import ByteTokenizer  # pylint: disable=g-import-not-at-top
 
     if spec in ("", "byte"):
         return ByteTokenizer(vocab_size=model_config.vocab_size)
@@ -138,11 +145,10 @@ def _tokenizer(spec: str, model_config, where: str):
 
 def stage_graph(manifest: dict, where: str):
     """(ModelConfig, tokenizer, system prompt, {name, overrides}, tokenizer spec) a stage manifest
-    records (`common.parent_model`: a loop stage's `{name, overrides}` or the Base's size name)."""
-    from tr.models.config import get_model_config  # pylint: disable=g-import-not-at-top
+    records (`stage_models.parent_model`: a loop stage's `{name, overrides}` or the Base's size name)."""
 
     try:
-        model, tokenizer_spec, prompt = common.parent_model(manifest)
+        model, tokenizer_spec, prompt = parent_model(manifest)
     except ConfigError as error:
         raise CheckpointError(f"{where}: {error}") from None
     try:
@@ -200,11 +206,6 @@ def load_stage(run_dir, stage: str, step: int | None = None, *, spec: str | None
     """The actor of stage `stage` of `run_dir` at `step` (default: `stage_step`)."""
     from flax import nnx  # pylint: disable=g-import-not-at-top
 
-    from tr.models.decoder import Decoder  # pylint: disable=g-import-not-at-top
-    from tr.models.weights import assign_params  # pylint: disable=g-import-not-at-top
-    from tr.train.checkpoint import CheckpointError as StoreError  # pylint: disable=g-import-not-at-top
-    from tr.train.checkpoint import StageStore  # pylint: disable=g-import-not-at-top
-
     run_dir = pathlib.Path(run_dir)
     where = str(run_dir / stage)
     spec = spec or where
@@ -246,11 +247,6 @@ def load_hf(path, *, spec: str | None = None) -> Loaded:
     `tokenizer.json` (else the byte tokenizer); `tr.json`, when there, names the size and the
     execution fields and the system prompt, and must agree with `config.json`."""
     from flax import nnx  # pylint: disable=g-import-not-at-top
-
-    from tr.agent.harness import SYSTEM_PROMPT  # pylint: disable=g-import-not-at-top
-    from tr.models.config import get_model_config  # pylint: disable=g-import-not-at-top
-    from tr.models.decoder import Decoder  # pylint: disable=g-import-not-at-top
-    from tr.models.weights import config_from_hf, load_safetensors  # pylint: disable=g-import-not-at-top
 
     path = pathlib.Path(path)
     spec = spec or f"{HF_PREFIX}{path}"
@@ -297,7 +293,6 @@ def export_hf(loaded: Loaded, out) -> list[str]:
     (`weights.save_safetensors`), its `tokenizer.json` (none for the byte tokenizer), and `tr.json`
     (the size's name and overrides, the execution fields, the system prompt, the source), so
     `load_hf(out)` gives the same graph and the same logits.  Returns the files written."""
-    from tr.models.weights import save_safetensors  # pylint: disable=g-import-not-at-top
 
     out = pathlib.Path(out)
     if out.exists() and any(out.iterdir()):
@@ -320,12 +315,11 @@ def export_hf(loaded: Loaded, out) -> list[str]:
 def model_policy(loaded: Loaded, *, concurrency: int = 16, max_new_tokens: int = 256,
                  temperature: float = 0.6, top_p: float = 0.95, seed: int = 0,
                  name: str | None = None):
-    """A `ModelPolicy` over the stages' batch-invariant `EpisodeSampler` (`common.episode_sampler`)
+    """A `ModelPolicy` over the stages' batch-invariant `EpisodeSampler` (`actor.episode_sampler`)
     with `loaded`'s weights and tokenizer; the caller closes `policy.sampler`."""
-    from tr.agent.policies import ModelPolicy  # pylint: disable=g-import-not-at-top
 
-    sampler = common.episode_sampler(loaded.model, loaded.tokenizer, concurrency=concurrency,
-                                     max_new_tokens=max_new_tokens)
+    sampler = episode_sampler(loaded.model, loaded.tokenizer, concurrency=concurrency,
+                              max_new_tokens=max_new_tokens)
     return ModelPolicy(sampler, loaded.tokenizer, temperature=temperature, top_p=top_p, seed=seed,
                        name=name or loaded.source["spec"])
 

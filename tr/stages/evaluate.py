@@ -13,8 +13,10 @@ evaluations and `termrl eval` run it.
 import pathlib
 
 from tr.agent import evaluation
-from tr.stages import checkpoints
+from tr.envs.backends import get_backend
+from tr.envs.endpoints import resolve_endpoint
 from tr.envs.tasks import TaskError, load_suite
+from tr.stages import checkpoints
 from tr.stages.registry import ConfigError
 
 
@@ -40,7 +42,6 @@ def docker_endpoints(settings) -> tuple[str, ...]:
     endpoints = tuple(settings.get("docker_endpoints", ()) or ())
     if not endpoints:
         return ()
-    from tr.envs.backends import get_backend
     try:
         backend = get_backend(settings.backend)
     except ValueError as error:
@@ -49,7 +50,6 @@ def docker_endpoints(settings) -> tuple[str, ...]:
         raise ConfigError(f"config.eval.docker_endpoints = {endpoints!r} needs a backend with "
                           f"engine endpoints (config.eval.backend = 'docker'); the "
                           f"{backend.name!r} backend has none")
-    from tr.envs.endpoints import resolve_endpoint
     for endpoint in endpoints:
         try:
             resolve_endpoint(endpoint)

@@ -14,7 +14,8 @@ import pathlib
 
 import jax
 
-from tr.stages import common
+from tr.stages.stage_config import resolve_stage_config, stage_defaults
+from tr.stages.stage_models import Models, inherit_from_parent, stage_models
 from tr.stages.registry import ConfigError
 from tr.train import checkpoint as ckpt
 from tr.train.compile import UpdateSteps, build_steps
@@ -24,7 +25,7 @@ from tr.train.state import TrainState, abstract_state, create_train_state
 
 @dataclasses.dataclass
 class OpenStage:
-    models: common.Models
+    models: Models
     steps: UpdateSteps
     state: TrainState
     store: ckpt.StageStore
@@ -60,7 +61,7 @@ def critic_from_actor(critic_params: dict, run_dir, ref: ckpt.StageRef, actor_ta
     bias and start value kept: zero).  The critic's backbone is the decoder without its output
     projection, the same tree as a tied-embedding actor's parameters."""
     with ckpt.StageStore(run_dir, ref.stage, read_only=True) as store:
-        step = store._resolve_step(ref.step)  # pylint: disable=protected-access
+        step = store.resolve_step(ref.step)
         actor = store.restore_item("actor_params", actor_target, step)
     if jax.tree.structure(actor) != jax.tree.structure(critic_params["backbone"]):
         raise ConfigError(f"critic_init='actor': stage {ref.stage!r}'s actor parameters are not the "
@@ -73,11 +74,11 @@ def open_stage(config, run_dir, *, kind: str, actor_trains: bool, critic_trains:
     """Models, compiled steps, and the stage's state (resumed, or handed off from its parents).
 
     The model size, tokenizer and system prompt come from the `actor_from` stage's manifest unless
-    the stage config sets them (`common.inherit_from_parent`; recorded in this stage's manifest)."""
+    the stage config sets them (`inherit_from_parent`; recorded in this stage's manifest)."""
     if not config.actor_from:
         raise ConfigError(f"stage {config.name!r} ({kind}) needs actor_from (a stage name)")
-    common.inherit_from_parent(config, run_dir)
-    models = common.stage_models(config)
+    inherit_from_parent(config, run_dir)
+    models = stage_models(config)
     train = config.train
     actor_opt = make_optimizer(train.actor.optimizer) if actor_trains else None
     critic_opt = make_optimizer(train.critic.optimizer) if critic_trains else None
@@ -131,14 +132,14 @@ def finish_stage(opened: OpenStage, state: TrainState, summary: dict) -> dict:
 def init_base(stage_config, run_dir, **_) -> dict:
     """Stage kind `init`: freshly initialised actor and critic of the configured size, as a finished
     stage (an untrained Base for CPU runs; the gym's Base is an SFT stage)."""
-    defaults = common.stage_defaults()
+    defaults = stage_defaults()
     defaults.init = {"critic_bias": 0.0}
-    config = common.resolve_stage_config(stage_config, defaults)
+    config = resolve_stage_config(stage_config, defaults)
     done = finished_summary(run_dir, config.name)
     if done is not None:
         return done
-    common.inherit_from_parent(config, run_dir)
-    models = common.stage_models(config)
+    inherit_from_parent(config, run_dir)
+    models = stage_models(config)
     critic_params = models.fns.critic_params
     bias = float(config.get("init", {}).get("critic_bias", 0.0))
     if bias:   # a prior on the return: V = bias everywhere before any training

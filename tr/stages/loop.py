@@ -30,7 +30,12 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
-from tr.stages import common
+from tr.stages.actor import Actor, cached_rollouts
+from tr.stages.arrays import training_arrays
+from tr.stages.evalcache import evaluate_split
+from tr.stages.metrics import MetricsLog, rollout_summary
+from tr.stages.registry import ConfigError
+from tr.stages.splits import iteration_tasks
 from tr.train.microbatch import bucket_layout, data_rows
 from tr.train.state import TrainState
 
@@ -53,8 +58,8 @@ class LoopParts:
     """What a stage kind hands the loop."""
 
     stage_dir: pathlib.Path
-    config: object                      # the resolved stage config (common.stage_defaults)
-    actor: common.Actor
+    config: object                      # the resolved stage config (stage_config.stage_defaults)
+    actor: Actor
     targets: Callable                   # UpdateSteps.targets
     train_tasks: Sequence
     val_tasks: Sequence
@@ -120,16 +125,16 @@ def train_loop(parts: LoopParts, state: TrainState, store, phases: Sequence[Phas
     config, actor = parts.config, parts.actor
     pack, mini_batches = int(config.arrays.get("pack_multiple", 0)), int(config.train.ppo.mini_batches)
     if pack % mini_batches:
-        raise common.ConfigError(f"stage {config.name!r}: arrays.pack_multiple={pack} is not a "
-                                 f"multiple of train.ppo.mini_batches={mini_batches}")
+        raise ConfigError(f"stage {config.name!r}: arrays.pack_multiple={pack} is not a "
+                          f"multiple of train.ppo.mini_batches={mini_batches}")
     micro_rows, rows = int(config.train.get("micro_batch_rows", 0)), int(config.arrays.rows)
     if micro_rows and (rows % micro_rows or (rows // mini_batches) % micro_rows):
-        raise common.ConfigError(f"stage {config.name!r}: arrays.rows={rows} and its mini-batches "
-                                 f"of {rows // mini_batches} rows must be multiples of "
-                                 f"train.micro_batch_rows={micro_rows}")
+        raise ConfigError(f"stage {config.name!r}: arrays.rows={rows} and its mini-batches "
+                          f"of {rows // mini_batches} rows must be multiples of "
+                          f"train.micro_batch_rows={micro_rows}")
     schedule = [phase for phase in phases for _ in range(phase.iterations)]
     done = iterations_done(phases, int(jax.device_get(state.step)))
-    log = common.MetricsLog(parts.stage_dir / "metrics.jsonl")
+    log = MetricsLog(parts.stage_dir / "metrics.jsonl")
     log.truncate(done)
     evals = EvalLog(parts.stage_dir)
     actor.sync(state.actor_params)
@@ -138,9 +143,9 @@ def train_loop(parts: LoopParts, state: TrainState, store, phases: Sequence[Phas
         step = int(jax.device_get(state.step))
         if evals.has(step) or not parts.val_tasks:
             return
-        summary = common.evaluate_split(actor, parts.val_tasks, config.eval,
-                                        seed=10_000 + int(config.seed),
-                                        cache_dir=parts.stage_dir.parent / "val-evaluations")
+        summary = evaluate_split(actor, parts.val_tasks, config.eval,
+                                 seed=10_000 + int(config.seed),
+                                 cache_dir=parts.stage_dir.parent / "val-evaluations")
         line = evals.add(step, iteration, summary)
         log.progress(f"{config.name}: val at step {step}: pass@1 {line['pass@1']}")
 
@@ -153,22 +158,22 @@ def train_loop(parts: LoopParts, state: TrainState, store, phases: Sequence[Phas
     for iteration in range(done, len(schedule)):
         phase = schedule[iteration]
         seed = int(config.seed) * 1_000_003 + iteration
-        tasks = common.iteration_tasks(parts.train_tasks, iteration,
-                                       int(rollout.tasks_per_iteration), int(config.seed))
+        tasks = iteration_tasks(parts.train_tasks, iteration,
+                                int(rollout.tasks_per_iteration), int(config.seed))
         extra = int(rollout.oversample)
         if extra:   # N' = N + extra launched, the first N to finish kept (the engine's keep-first)
-            tasks = tasks + common.iteration_tasks(
+            tasks = tasks + iteration_tasks(
                 parts.train_tasks, 10_000 + iteration, max(1, -(-extra // int(rollout.group_size))),
                 int(config.seed))
         clock = _Clock()
-        records, rollout_stats = common.cached_rollouts(
+        records, rollout_stats = cached_rollouts(
             parts.stage_dir / "rollouts" / f"{iteration:05d}.jsonl",
             lambda tasks=tasks, seed=seed: actor.rollouts(
                 tasks, seed=seed, group_size=int(rollout.group_size),
                 keep_first=n_keep if extra else None, prefix=f"it{iteration}"))
         clock.lap("rollouts")
         rewards = parts.rewards(records)
-        batch, array_stats = common.training_arrays(
+        batch, array_stats = training_arrays(
             records, rewards, rows=int(config.arrays.rows), length=int(config.arrays.length),
             num_windows=int(config.train.ppo.num_windows),
             pack_multiple=int(config.arrays.get("pack_multiple", 0)))
@@ -184,7 +189,7 @@ def train_loop(parts: LoopParts, state: TrainState, store, phases: Sequence[Phas
         actor.sync(state.actor_params)
         first_step = int(jax.device_get(state.step)) - len(history)
         shared = {"stage": config.name, "iteration": iteration, "phase": phase.name,
-                  "rollouts": {**common.rollout_summary(records, rewards), **rollout_stats},
+                  "rollouts": {**rollout_summary(records, rewards), **rollout_stats},
                   "arrays": array_stats, "seconds": clock.laps}
         log.write([{**shared, "step": first_step + i + 1, **metrics}
                    for i, metrics in enumerate(history)])

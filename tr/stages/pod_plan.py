@@ -4,10 +4,10 @@
 
 * A config with `shapes` already is the interface (experiments/pod_scale.py): returned as it is.
 * A pipeline recipe (`stages` + `stage_defaults`: Terminal-RSI): the stage defaults laid over
-  `common.stage_defaults()`; the model (`""`: the embedded `gym`) and `train`; each stage kind's
+  `stage_config.stage_defaults()`; the model (`""`: the embedded `gym`) and `train`; each stage kind's
   updates (`KIND_UPDATES`) on `arrays.rows` x `arrays.length` rows, in micro-batches of
   `train.micro_batch_rows` rows (0: the pod's `train.num_micro_batches`); the sampler as
-  `common.episode_sampler` builds it: max(`MIN_SLOTS`, `rollout.concurrency`) rows caching the
+  `actor.episode_sampler` builds it: max(`MIN_SLOTS`, `rollout.concurrency`) rows caching the
   model's whole context (its `max_seq_len`, overrides applied), `rollout.max_output_tokens` new
   tokens after the rest of it.
 * ReTerm (`job = 'reterm'`): `model`; SFT `sft.batch` x `sft.length`; GRPO `grpo.batch` rows
@@ -21,7 +21,8 @@ from __future__ import annotations
 import ml_collections
 
 from tr.models.config import get_model_config
-from tr.stages import common
+from tr.stages.actor import MIN_SLOTS
+from tr.stages.stage_config import stage_defaults
 from tr.stages.registry import ConfigError
 from tr.train.updates import default_config
 
@@ -44,7 +45,7 @@ def _micro_batches(rows: int, micro_batch_rows: int, num_micro_batches: int) -> 
 
 
 def _sampler(concurrency: int, context: int, new_tokens: int) -> dict:
-    return {"rows": max(common.MIN_SLOTS, concurrency), "prompt_len": context - new_tokens,
+    return {"rows": max(MIN_SLOTS, concurrency), "prompt_len": context - new_tokens,
             "new_tokens": new_tokens}
 
 
@@ -57,7 +58,7 @@ def experiment_plan(config: ml_collections.ConfigDict) -> ml_collections.ConfigD
     if "aot" in config:
         plan.aot = config.aot
     if "stages" in config and "stage_defaults" in config:
-        d = ml_collections.ConfigDict(_overlay(common.stage_defaults().to_dict(),
+        d = ml_collections.ConfigDict(_overlay(stage_defaults().to_dict(),
                                                config.stage_defaults.to_dict()))
         name = d.model.name or "gym"
         overrides = dict(d.model.overrides or {})

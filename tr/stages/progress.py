@@ -6,7 +6,7 @@ One line per event, no carriage returns, so a run's log file reads the same as i
     [  612.3s] [stage 3/6 rpr1] rpr1 it 4/10 (ppo) step 4: pass 0.5 ...  4/10 [01:40<02:30, 25.00s/it]
 
 The pipeline drivers enter :func:`stage` around each stage; the stages' own progress lines
-(:meth:`tr.stages.common.MetricsLog.progress`) carry its label.  Only clocks are read: nothing here
+(:meth:`tr.stages.metrics.MetricsLog.progress`) carry its label.  Only clocks are read: nothing here
 touches what a run computes.
 """
 

@@ -43,10 +43,41 @@ import time
 import ml_collections
 import numpy as np
 
+from tr.agent import recovery
+from tr.agent.harness import Budgets
+from tr.agent.http_policy import HttpPolicy
+from tr.agent.policies import ModelPolicy
+from tr.agent.records import episode_to_sequences, pad_sequences, write_shard
+from tr.data.episodes import packed_batches
 from tr.models import embedded
 from tr.rl.losses import AGGREGATIONS
 from tr.stages import progress, scalars
 from tr.stages.registry import ConfigError
+from tr.agent.recovery import (
+    CONDENSED_PROMPT, EmbeddedTeacher, RecoveryQueue, episode_costs, failure_of_group, read_shards, recovery_at_k, sft_sequences,
+)
+from tr.agent.rollout import (
+    RolloutConfig, discard_snapshot_ref, group_specs, recovery_specs, run_rollouts,
+)
+from tr.agent.transcript import ChatLayout
+from tr.envs import gym
+from tr.models.config import get_model_config
+from tr.models.decoder import Decoder
+from tr.models.weights import assign_params
+from tr.stages import base
+from tr.stages.actor import episode_sampler
+from tr.stages.handoff import finish_stage, finished_summary
+from tr.stages.machine import machine_info
+from tr.stages.registry import stage_kind
+from tr.stages.splits import iteration_tasks
+from tr.stages.stage_config import resolve_stage_config
+from tr.train import checkpoint as ckpt
+from tr.train.checkpoint import StageStore
+from tr.train.compile import CompileClock, build_steps, use_compilation_cache
+from tr.train.model_fns import nnx_model_fns
+from tr.train.optim import make_optimizer
+from tr.train.state import abstract_state, create_train_state
+from tr.train.updates import default_config
 
 ARMS = ("base", "sft", "grpo", "reterm_grpo")
 KINDS = ("reterm_sft", "grpo", "reterm_grpo")
@@ -122,8 +153,6 @@ def defaults(kind: str) -> ml_collections.ConfigDict:
 
 
 def resolve(stage_config, kind: str) -> ml_collections.ConfigDict:
-    from tr.stages.common import resolve_stage_config
-
     fields = defaults(kind)
     fields.lock()                    # an unknown field (top level too) raises, naming it
     config = resolve_stage_config(stage_config, fields)
@@ -173,7 +202,6 @@ def resolve(stage_config, kind: str) -> ml_collections.ConfigDict:
 
 def teacher_thoughts(kind: str) -> tuple[str, str, str]:
     """The embedded teacher's THOUGHT lines (inspect, repair, done) for `teacher.thoughts`."""
-    from tr.agent.recovery import EmbeddedTeacher
 
     if kind == "student":
         return (embedded.ACT_THOUGHT, embedded.ACT_THOUGHT, embedded.DONE_THOUGHT)
@@ -187,27 +215,21 @@ def teacher_thoughts(kind: str) -> tuple[str, str, str]:
 # shared by the stages and the arms' evaluation (parameters are swapped in place).
 
 class Actor:
-    """The runtime's sampler (`common.episode_sampler`: episode caches across turns, continuous
+    """The runtime's sampler (`actor.episode_sampler`: episode caches across turns, continuous
     batching, batch-invariant) and the policies over it; parameters are swapped in place.
     A policy's sampling seed is the `seed` it is asked for, nothing of the process's history, so an
     arm's evaluation samples the same in a resumed run or a lone re-evaluation."""
 
     def __init__(self, model, tokenizer, *, concurrency: int, max_output_tokens: int):
-        from tr.stages.common import episode_sampler
-
         self.model, self.tokenizer = model, tokenizer
         self.sampler = episode_sampler(model, tokenizer,
                                        concurrency=concurrency,
                                        max_new_tokens=max_output_tokens)
 
     def set_params(self, params) -> None:
-        from tr.models.weights import assign_params
-
         self.sampler.update_weights(assign_params(self.model, params))
 
     def policy(self, *, temperature: float, top_p: float, seed: int, name: str):
-        from tr.agent.policies import ModelPolicy
-
         return ModelPolicy(self.sampler, self.tokenizer, temperature=temperature, top_p=top_p,
                            seed=seed, name=name)
 
@@ -238,9 +260,6 @@ def runtime(manifest: dict, *, concurrency: int, max_output_tokens: int) -> Runt
     built once per process."""
     from flax import nnx
 
-    from tr.models.decoder import Decoder
-    from tr.train.model_fns import nnx_model_fns
-
     cfg = manifest.get("config") or {}
     try:
         model_config, tokenizer, system_prompt = embedded.from_manifest(manifest)
@@ -264,11 +283,10 @@ def retained_step(run_dir, stage: str) -> int | None:
 
 def load_params(run_dir, stage: str, rt: Runtime, step: int | None = None):
     """The actor parameters of `stage` at `step` (default: its retained step, else latest)."""
-    from tr.train.checkpoint import StageStore
 
     step = retained_step(run_dir, stage) if step is None else step
     with StageStore(run_dir, stage, read_only=True) as store:
-        resolved = store._resolve_step(step)  # pylint: disable=protected-access
+        resolved = store.resolve_step(step)
         return store.restore_item("actor_params", rt.fns.actor_params, resolved)
 
 
@@ -291,9 +309,6 @@ def open_stage(config, run_dir, *, kind: str, optimizer_config) -> Opened:
     """The stage's state: resumed from its own checkpoints, else the parent's retained actor with
     a fresh optimizer (`tr.train.checkpoint.start_stage`); the manifest records the parent's
     model, tokenizer and system prompt."""
-    from tr.train import checkpoint as ckpt
-    from tr.train.optim import make_optimizer
-    from tr.train.state import abstract_state, create_train_state
 
     parent = parent_manifest(run_dir, config.actor_from)
     rt = runtime(parent, concurrency=int(config.concurrency),
@@ -314,8 +329,6 @@ def open_stage(config, run_dir, *, kind: str, optimizer_config) -> Opened:
 
 
 def rollout_config(config, policy, system_prompt: str, *, snapshot: bool = False):
-    from tr.agent.rollout import RolloutConfig
-
     budgets = policy.budgets(int(config.eval.max_output_tokens), context=int(config.eval.context),
                              max_turns=int(config.eval.max_turns), summarise_at_tokens=None)
     return RolloutConfig(concurrency=int(config.concurrency), progress=False, batch_window_s=0.0,
@@ -336,8 +349,6 @@ class ValLog:
         return [json.loads(x) for x in self.path.read_text().splitlines() if x.strip()]
 
     def evaluate(self, opened: Opened, step: int, params, tasks) -> None:
-        from tr.agent.rollout import group_specs, run_rollouts
-
         if not tasks or any(line["step"] == step for line in self.lines()):
             return
         config, rt = opened.config, opened.rt
@@ -364,8 +375,6 @@ def _eval_due(step: int, total: int, every: int) -> bool:
 
 
 def _finish(opened: Opened, state, summary: dict, val: ValLog) -> dict:
-    from tr.stages.handoff import finish_stage
-
     retained = val.retained()
     summary = {**summary, "val": val.lines(),
                "retained_step": None if retained is None else retained["step"],
@@ -398,8 +407,6 @@ def _append(path: pathlib.Path, line: dict) -> None:
 
 
 def _optimizer_config(learning_rate: float):
-    from tr.train.updates import default_config
-
     opt = default_config().actor.optimizer
     opt.learning_rate = float(learning_rate)
     return opt
@@ -411,10 +418,6 @@ def _optimizer_config(learning_rate: float):
 def collect_dataset(config, rt: Runtime, params, data_dir: pathlib.Path) -> dict:
     """The parent actor's failures on `train`, one teacher recovery each, four filters, JSONL
     shards under `data_dir` (+ `dataset.json`, the counts).  Read back when already written."""
-    from tr.agent import recovery
-    from tr.agent.harness import Budgets
-    from tr.agent.transcript import ChatLayout
-    from tr.envs import gym
 
     done = data_dir / "dataset.json"
     if done.exists():
@@ -445,7 +448,6 @@ def collect_dataset(config, rt: Runtime, params, data_dir: pathlib.Path) -> dict
         recovery.discard_failures(failures)
     judge = None
     if t.judge_url:
-        from tr.agent.http_policy import HttpPolicy
         judge = recovery.HttpJudge(HttpPolicy(t.judge_url, t.judge_model, temperature=0.0,
                                               top_p=1.0, source="judge"))
     rows, counts = recovery.build_dataset(failures, recs, by_id, layout, judge=judge)
@@ -470,8 +472,6 @@ def plain_rows(config, tokenizer, system_prompt: str, n: int) -> tuple[list[dict
     `p_mistake`, a plausible mistake then the repair (the mistake masked); no truncated or runbook
     demos (they keep the Base low / serve RSR).  Fresh instances (seed `config.seed + 1`, not the
     Base's own demos).  Rows longer than `sft.length` are dropped (stats["dropped"])."""
-    from tr.agent.transcript import ChatLayout
-    from tr.stages import base
 
     if n < 1:
         return [], {"episodes": 0, "sequences": 0, "dropped": 0}
@@ -487,9 +487,6 @@ def plain_rows(config, tokenizer, system_prompt: str, n: int) -> tuple[list[dict
 
 
 def _sft_step(rt: Runtime, learning_rate: float, micro_batch_rows: int = 0):
-    from tr.train.compile import build_steps
-    from tr.train.updates import default_config
-
     key = ("sft", float(learning_rate), int(micro_batch_rows))
     if key not in rt.steps:
         train_cfg = default_config()
@@ -504,10 +501,6 @@ def run_sft(stage_config, run_dir, **_) -> dict:
     (loss on teacher tokens) on the recovery rows that fit `sft.length` mixed with
     `plain_count(rows, sft.plain_share)` plain demos (`plain_rows`); val Pass@1 at `eval.every`
     and the last step."""
-    from tr.agent.recovery import read_shards, sft_sequences
-    from tr.envs import gym
-    from tr.data.episodes import packed_batches
-    from tr.stages.handoff import finished_summary
 
     config = resolve(stage_config, "reterm_sft")
     done = finished_summary(run_dir, config.name)
@@ -578,7 +571,6 @@ def group_rows(groups, *, length: int, group_size: int, rows: int | None = None)
     holds rows `[k·group_size, (k+1)·group_size)`, the rows `grpo_update` assigns it
     (`row // group_size`).  With `rows`, padded to that many rows (all masks false: no group,
     no loss; one compiled shape per stage).  Returns (batch | None, kept groups, dropped groups)."""
-    from tr.agent.records import episode_to_sequences, pad_sequences
 
     seqs, is_rec, kept, dropped = [], [], [], 0
     for kind, recs in groups:
@@ -614,8 +606,6 @@ def group_rows(groups, *, length: int, group_size: int, rows: int | None = None)
 def _grpo_step(rt: Runtime, g):
     """The compiled GRPO step for these hyper-parameters (one compilation per process: the plain
     and ReTerm arms share it, same shapes)."""
-    from tr.train.compile import build_steps
-    from tr.train.updates import default_config
 
     key = ("grpo", float(g.learning_rate), int(g.group_size), float(g.eps_low),
            float(g.eps_high), float(g.std_eps), str(g.group_weighting), int(g.micro_batch_rows),
@@ -640,12 +630,6 @@ def run_grpo(stage_config, run_dir, *, kind: str = "grpo", **_) -> dict:
     + up to M_R recovery groups from the queue, originals filling in while it is short: the same
     rollouts per update).  One checkpoint per update; val Pass@1 at `eval.every` and the last."""
     import jax
-
-    from tr.agent.recovery import CONDENSED_PROMPT, RecoveryQueue, failure_of_group
-    from tr.agent.rollout import discard_snapshot_ref, group_specs, recovery_specs, run_rollouts
-    from tr.envs import gym
-    from tr.stages.common import iteration_tasks
-    from tr.stages.handoff import finished_summary
 
     config = resolve(stage_config, kind)
     done = finished_summary(run_dir, config.name)
@@ -799,9 +783,6 @@ def evaluate_arm(rt: Runtime, params, name, config, test_tasks, heldout, by_id, 
     """Pass@1 on `test` (k = 1 per task), Recovery@k on the held-out failure states (each attempt
     sees the last `recovery.history_turns` turns of h_f, as in training), mean turns and
     generated tokens per episode."""
-    from tr.agent.recovery import episode_costs, recovery_at_k
-    from tr.agent.records import write_shard
-    from tr.agent.rollout import group_specs, run_rollouts
 
     rt.actor.set_params(params)
     ev = config.eval
@@ -825,7 +806,8 @@ def evaluate_arm(rt: Runtime, params, name, config, test_tasks, heldout, by_id, 
                          "recovered": int(round(rec["recovery_at_k"] * rec["states"]))}}
 
 
-def _check(config) -> None:
+def check_config(config) -> None:
+    """The value checks of a ReTerm stage config (before anything runs); ConfigError names the field."""
     for path in ("data.attempts", "data.train_tasks", "grpo.group_size", "grpo.updates",
                  "grpo.m_original", "queue.capacity", "eval.k", "eval.test_count", "sft.steps"):
         section, field = path.split(".")
@@ -858,10 +840,7 @@ def _say(text: str) -> None:
 
 
 def run(config, workdir):
-    from tr.agent import recovery
-    from tr.envs import gym
-
-    _check(config)
+    check_config(config)
     if config.variant == "paper":
         return validate_paper(config, workdir)
     t_start = time.monotonic()
@@ -871,8 +850,6 @@ def run(config, workdir):
     (workdir / "stages.json").write_text(json.dumps(entries, indent=1, sort_keys=True))
     # Each arm is evaluated as soon as its stage is finished (arms.json grows arm by arm), on
     # held-out failure states collected once from the Base on test, fixed for every arm.
-    from tr.stages.registry import stage_kind
-    from tr.train.compile import CompileClock, use_compilation_cache
 
     use_compilation_cache(workdir / "jax-cache")
     summaries, results, heldout, t_eval, compile_s = {}, {}, [], 0.0, {}
@@ -927,7 +904,6 @@ def run(config, workdir):
 
     dataset = summaries["sft"]["dataset"]
     reterm_summary = summaries["reterm_grpo"]
-    from tr.stages.common import machine_info  # pylint: disable=g-import-not-at-top
     report = {"experiment": "reterm", "variant": config.variant, "seed": config.seed,
               "wall_s": time.monotonic() - t_start, "arms": arms,
               "machine": machine_info(),
@@ -1020,7 +996,6 @@ def plot_curves(report: dict, path) -> None:
 def validate_paper(config, workdir) -> dict:
     """The `paper` variant loads and validates only: the named model exists and the batch is
     (M_O + M_R) x G."""
-    from tr.models.config import get_model_config
 
     model = get_model_config(config.model)
     rows = (config.grpo.m_original + config.grpo.m_recovery) * config.grpo.group_size

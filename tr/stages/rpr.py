@@ -7,7 +7,8 @@
     phase 2  `rpr.iterations` iterations of joint PPO: `train.ppo.epochs x mini_batches` updates
              per rollout batch, targets computed once per batch (TB-GAE with γ_turn, λ_turn, or
              token GAE: `train.ppo.estimator`)
-    rewards  `rpr.reward`: fdr | spr (| strict) with the profiled table
+    rewards  `rpr.reward`: a registered reward (`tr.rewards.registry`: fdr | spr | strict),
+             with the profiled table where it reads one
     launch   `rollout.oversample` extra rollouts, the first N to finish kept (the engine's keep-first;
              the paper's 288 → 256)
     retain   the step with the best `val` Pass@1 (`summary.json: retained_step`), never `test`
@@ -17,49 +18,54 @@ from __future__ import annotations
 
 import ml_collections
 
-from tr.stages import common, handoff, loop
+from tr.stages import handoff, loop
+from tr.stages.actor import Actor, cached_rollouts
+from tr.stages.metrics import finite_or_none, read_metrics, to_host
+from tr.stages.splits import stage_tasks
+from tr.stages.stage_config import check_on_policy, resolve_stage_config, stage_defaults
+from tr.stages.stage_rewards import episode_rewards, profile_scales, reward_kind
 from tr.train.compile import run_epochs
 
 KIND = "rpr"
 
 
 def defaults() -> ml_collections.ConfigDict:
-    config = common.stage_defaults()
+    config = stage_defaults()
     config.kind = KIND
     config.rpr = {"calibration_updates": 4, "iterations": 20, "reward": "fdr",
                   "profile_tasks": 0, "quantile": 0.9, "failure_threshold": 1.0}
     return config
 
 
-def _check(config) -> None:
-    if config.rpr.reward not in ("fdr", "spr", "strict"):
-        raise common.ConfigError(f"stage {config.name!r}: rpr.reward = {config.rpr.reward!r}; "
-                                 "expected 'fdr', 'spr' or 'strict'")
-    common.check_on_policy(config)
+def check_config(config) -> None:
+    """The value checks of an `rpr` stage config (before anything runs): a registered reward, on-policy
+    sampling; ConfigError names the field."""
+    reward_kind(config.rpr.reward, f"stage {config.name!r}: rpr.reward")
+    check_on_policy(config)
 
 
 def run(stage_config, run_dir, **_) -> dict:
-    config = common.resolve_stage_config(stage_config, defaults())
+    config = resolve_stage_config(stage_config, defaults())
     done = handoff.finished_summary(run_dir, config.name)
     if done is not None:
         return done
-    _check(config)
+    check_config(config)
     opened = handoff.open_stage(config, run_dir, kind=KIND, actor_trains=True, critic_trains=True)
-    train_tasks = common.stage_tasks(config.tasks, "train")
-    val_tasks = common.stage_tasks(config.tasks, "val")[:int(config.eval.count) or None]
-    with common.Actor(opened.models, config.rollout, config.eval) as actor:
+    train_tasks = stage_tasks(config.tasks, "train")
+    val_tasks = stage_tasks(config.tasks, "val")[:int(config.eval.count) or None]
+    with Actor(opened.models, config.rollout, config.eval) as actor:
         actor.sync(opened.state.actor_params)
 
         scales = None
-        if config.rpr.reward != "strict":
+        if reward_kind(config.rpr.reward, "rpr.reward").needs_scales:
             profile_tasks = train_tasks[:int(config.rpr.profile_tasks) or None]
-            records, _ = common.cached_rollouts(
+            records, _ = cached_rollouts(
                 opened.stage_dir / "profile-rollouts.jsonl",
                 lambda: actor.rollouts(profile_tasks, seed=int(config.seed) * 1_000_003 - 1,
                                        group_size=int(config.rollout.group_size), prefix="profile"))
-            scales = common.profile_scales(records, opened.stage_dir / "scales.json",
-                                           quantile=float(config.rpr.quantile),
-                                           failure_threshold=float(config.rpr.failure_threshold))
+            scales = profile_scales(records, opened.stage_dir / "scales.json",
+                                    quantile=float(config.rpr.quantile),
+                                    failure_threshold=float(config.rpr.failure_threshold))
 
         ppo = config.train.ppo
         steps = opened.steps
@@ -67,7 +73,7 @@ def run(stage_config, run_dir, **_) -> dict:
         def calibrate(state, prepared, seed):
             del seed
             state, metrics = steps.critic(state, prepared)
-            return state, [common.to_host(metrics)]
+            return state, [to_host(metrics)]
 
         def joint(state, prepared, seed):
             return run_epochs(steps.ppo, state, prepared, epochs=int(ppo.epochs),
@@ -80,16 +86,16 @@ def run(stage_config, run_dir, **_) -> dict:
         parts = loop.LoopParts(
             stage_dir=opened.stage_dir, config=config, actor=actor, targets=steps.targets,
             train_tasks=train_tasks, val_tasks=val_tasks,
-            rewards=lambda records: common.episode_rewards(records, config.rpr.reward, scales))
+            rewards=lambda records: episode_rewards(records, config.rpr.reward, scales))
         state = loop.train_loop(parts, opened.state, opened.store, phases)
-        lines = common.read_metrics(opened.stage_dir / "metrics.jsonl")
+        lines = read_metrics(opened.stage_dir / "metrics.jsonl")
         evals = loop.EvalLog(opened.stage_dir)
         retained = evals.retained()
         val = evals.lines()
         summary = {
             "kind": KIND, "updates": len(lines), "reward": config.rpr.reward,
             "scales": None if scales is None else str(opened.stage_dir / "scales.json"),
-            "ev_per_update": [common.finite_or_none(line.get("critic/explained_variance"))
+            "ev_per_update": [finite_or_none(line.get("critic/explained_variance"))
                               for line in lines],
             "val_pass@1_before": val[0]["pass@1"] if val else None,
             "val_pass@1_after": val[-1]["pass@1"] if val else None,

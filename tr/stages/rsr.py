@@ -21,7 +21,7 @@ so a stage killed anywhere (SIGKILL included) resumes: finished data phases are 
 continues from the last checkpoint with the same data order (a pure function of seed and step),
 metrics lines past the checkpoint are dropped.
 
-Config (on top of `tr.stages.common.stage_defaults`): `rsr.*` below; the SFT optimizer is
+Config (on top of `tr.stages.stage_config.stage_defaults`): `rsr.*` below; the SFT optimizer is
 `train.actor.optimizer`; rows are `arrays.length` tokens long.
 """
 
@@ -41,13 +41,19 @@ from tr.agent import runbook as rb
 from tr.agent.records import episode_to_sequences
 from tr.agent.transcript import ChatLayout
 from tr.data.episodes import padded_batches
-from tr.stages import common, handoff, loop
+from tr.stages import handoff, loop
+from tr.stages.actor import Actor, cached_rollouts
+from tr.stages.evalcache import evaluate_split
+from tr.stages.metrics import MetricsLog, read_metrics, rollout_summary, to_host
+from tr.stages.registry import ConfigError
+from tr.stages.splits import stage_tasks
+from tr.stages.stage_config import resolve_stage_config, stage_defaults
 
 KIND = "rsr"
 
 
 def defaults() -> ml_collections.ConfigDict:
-    config = common.stage_defaults()
+    config = stage_defaults()
     config.kind = KIND
     config.rsr = {
         "tasks": 32,           # train tasks explored (the first of the split; 0 = all)
@@ -75,30 +81,31 @@ def defaults() -> ml_collections.ConfigDict:
     return config
 
 
-def _check(config) -> None:
+def check_config(config) -> None:
+    """The value checks of an `rsr` stage config (before anything runs); ConfigError names the field."""
     r = config.rsr
     for field in ("explore_k", "replay_m", "per_task", "epochs", "batch"):
         if int(r[field]) < 1:
-            raise common.ConfigError(f"stage {config.name!r}: rsr.{field} must be >= 1, got "
-                                     f"{r[field]}")
+            raise ConfigError(f"stage {config.name!r}: rsr.{field} must be >= 1, got "
+                              f"{r[field]}")
     if int(r.per_family) < 0:
-        raise common.ConfigError(f"stage {config.name!r}: rsr.per_family must be >= 0 (0: no "
-                                 f"cap), got {r.per_family}")
+        raise ConfigError(f"stage {config.name!r}: rsr.per_family must be >= 0 (0: no "
+                          f"cap), got {r.per_family}")
     if float(r.temperature) < 0:
-        raise common.ConfigError(f"stage {config.name!r}: rsr.temperature must be >= 0 (0: the "
-                                 f"rollout's), got {r.temperature}")
+        raise ConfigError(f"stage {config.name!r}: rsr.temperature must be >= 0 (0: the "
+                          f"rollout's), got {r.temperature}")
     if not 0 <= float(r.top_p) <= 1:
-        raise common.ConfigError(f"stage {config.name!r}: rsr.top_p must be in [0, 1] (0: the "
-                                 f"rollout's), got {r.top_p}")
+        raise ConfigError(f"stage {config.name!r}: rsr.top_p must be in [0, 1] (0: the "
+                          f"rollout's), got {r.top_p}")
     if r.planner not in rb.PLANNERS:
-        raise common.ConfigError(f"stage {config.name!r}: rsr.planner = {r.planner!r}; expected "
-                                 f"one of {rb.PLANNERS}")
+        raise ConfigError(f"stage {config.name!r}: rsr.planner = {r.planner!r}; expected "
+                          f"one of {rb.PLANNERS}")
     if r.reviewer not in rb.REVIEWERS:
-        raise common.ConfigError(f"stage {config.name!r}: rsr.reviewer = {r.reviewer!r}; expected "
-                                 f"one of {rb.REVIEWERS}")
+        raise ConfigError(f"stage {config.name!r}: rsr.reviewer = {r.reviewer!r}; expected "
+                          f"one of {rb.REVIEWERS}")
     if "http" in (r.planner, r.reviewer) and not (r.http.base_url and r.http.model):
-        raise common.ConfigError(f"stage {config.name!r}: an http planner/reviewer needs "
-                                 "rsr.http.base_url and rsr.http.model")
+        raise ConfigError(f"stage {config.name!r}: an http planner/reviewer needs "
+                          "rsr.http.base_url and rsr.http.model")
 
 
 def explore_sampling(config) -> dict:
@@ -209,23 +216,23 @@ def sft_sequences(records, layout, system_prompt: str, replay_tasks_by_id, tasks
 
 
 def run(stage_config, run_dir, **_) -> dict:
-    config = common.resolve_stage_config(stage_config, defaults())
+    config = resolve_stage_config(stage_config, defaults())
     done = handoff.finished_summary(run_dir, config.name)
     if done is not None:
         return done
-    _check(config)
+    check_config(config)
     t_start = time.monotonic()
     opened = handoff.open_stage(config, run_dir, kind=KIND, actor_trains=True, critic_trains=False,
                                 critic_frozen=bool(config.critic_from))
     stage_dir, models, state = opened.stage_dir, opened.models, opened.state
     r = config.rsr
     seed = int(config.seed)
-    train_tasks = common.stage_tasks(config.tasks, "train")[:int(r.tasks) or None]
-    val_tasks = common.stage_tasks(config.tasks, "val")[:int(config.eval.count) or None]
+    train_tasks = stage_tasks(config.tasks, "train")[:int(r.tasks) or None]
+    val_tasks = stage_tasks(config.tasks, "val")[:int(config.eval.count) or None]
     tasks_by_id = {t.id: t for t in train_tasks}
     sampling = explore_sampling(config)
-    with common.Actor(models, config.rollout, config.eval) as actor:
-        log = common.MetricsLog(stage_dir / "metrics.jsonl")
+    with Actor(models, config.rollout, config.eval) as actor:
+        log = MetricsLog(stage_dir / "metrics.jsonl")
         evals = loop.EvalLog(stage_dir)
         times = {}
 
@@ -234,8 +241,8 @@ def run(stage_config, run_dir, **_) -> dict:
             if evals.has(step) or not val_tasks:
                 return
             actor.sync(step_state.actor_params)
-            summary = common.evaluate_split(actor, val_tasks, config.eval, seed=10_000 + seed,
-                                            cache_dir=stage_dir.parent / "val-evaluations")
+            summary = evaluate_split(actor, val_tasks, config.eval, seed=10_000 + seed,
+                                     cache_dir=stage_dir.parent / "val-evaluations")
             line = evals.add(step, step, summary)
             log.progress(f"{config.name}: val at step {step}: pass@1 {line['pass@1']}")
 
@@ -247,7 +254,7 @@ def run(stage_config, run_dir, **_) -> dict:
                 evaluate(state)
             actor.sync(state.actor_params)
         t0 = time.monotonic()
-        explored, explore_stats = common.cached_rollouts(
+        explored, explore_stats = cached_rollouts(
             stage_dir / "explore.jsonl",
             lambda: _initial_only(start_step) or actor.rollouts(
                 train_tasks, seed=seed * 1_000_003 + 1, group_size=int(r.explore_k),
@@ -274,7 +281,7 @@ def run(stage_config, run_dir, **_) -> dict:
         replay_by_id = {t.id: t.id.rsplit("@rb", 1)[0] for t in to_replay}
         replay_tasks_by_id = {t.id: t for t in to_replay}
         if to_replay:
-            replays, replay_stats = common.cached_rollouts(
+            replays, replay_stats = cached_rollouts(
                 stage_dir / "replays.jsonl",
                 lambda: _initial_only(start_step) or actor.rollouts(
                     to_replay, seed=seed * 1_000_003 + 2, group_size=int(r.replay_m),
@@ -293,7 +300,7 @@ def run(stage_config, run_dir, **_) -> dict:
         reasons = collections.Counter(reason.split(" '")[0] for e in entries for reason in e["reasons"])
         data = {
             "tasks": len(train_tasks), "explored": len(explored),
-            "explore_pass_rate": common.rollout_summary(explored, [0.0] * len(explored))["pass_rate"],
+            "explore_pass_rate": rollout_summary(explored, [0.0] * len(explored))["pass_rate"],
             "successes": len(successes), "tasks_with_success": len({x.task_id for x in successes}),
             "runbooks": len(entries), "runbooks_accepted": sum(e["accept"] for e in entries),
             "reject_reasons": dict(reasons), "replayed_runbooks": len(to_replay),
@@ -322,7 +329,7 @@ def run(stage_config, run_dir, **_) -> dict:
             batch = rows[step]
             state, metrics = opened.steps.sft(state, {k: jax.numpy.asarray(v)
                                                       for k, v in batch.items()})
-            metrics = common.to_host(metrics)
+            metrics = to_host(metrics)
             log.write([{"stage": config.name, "iteration": step, "step": step + 1, "phase": "sft",
                         "rows": int(batch["loss_mask"].any(axis=1).sum()),
                         "loss_tokens": int(batch["loss_mask"].sum()), **metrics}])
@@ -340,7 +347,7 @@ def run(stage_config, run_dir, **_) -> dict:
             evaluate(state)
         retained = evals.retained()
         val = evals.lines()
-        lines = common.read_metrics(stage_dir / "metrics.jsonl")
+        lines = read_metrics(stage_dir / "metrics.jsonl")
         summary = {
             "kind": KIND, **{k: v for k, v in data.items() if k != "q_clean_episodes"},
             "planner": r.planner, "reviewer": r.reviewer,

@@ -36,9 +36,18 @@ import sys
 import time
 from typing import Sequence
 
+from tr.envs import gym
+from tr.models import embedded
+from tr.models.config import get_model_config
+from tr.rewards import profile, rescore
+from tr.rewards.rescore import format_metrics, plot_rewards
 from tr.stages import checkpoints, pipeline, progress
 from tr.stages import evaluate as evaluate_job
+from tr.stages.machine import machine_info
 from tr.stages.registry import STAGE_KINDS, ConfigError, stage_kind
+from tr.stages.stage_config import resolve_stage_config
+from tr.train.checkpoint import tree_hash
+from tr.train.compile import CompileClock, use_compilation_cache
 
 REPORT_ROWS = ("base", "rsr1", "rpr1", "rsr2", "rpr2")
 EV_STAGES = ("warmup", "rpr1", "rpr2")
@@ -184,10 +193,8 @@ def validate(config) -> dict:
         raise ConfigError(f"config.report.stages names stage(s) {absent} not in the schedule {names}")
     if int(config.report.k) < 1:
         raise ConfigError(f"config.report.k = {config.report.k}: must be >= 1")
-    from tr.models.config import get_model_config  # pylint: disable=g-import-not-at-top
     model = dict(shared.get("model", {}))
     if not model.get("name"):     # inherited from Base's manifest: the embedded model
-        from tr.models import embedded  # pylint: disable=g-import-not-at-top
         model = {"name": embedded.MODEL, "overrides": {}}
     try:
         model_config = get_model_config(model["name"], **dict(model.get("overrides", {})))
@@ -204,17 +211,15 @@ def _check_stage(kind: str, merged: dict) -> None:
     `rpr`, its value checks (a bad value -> ConfigError naming the field); nothing built."""
     import importlib  # pylint: disable=g-import-not-at-top
 
-    from tr.stages import common  # pylint: disable=g-import-not-at-top
-
     if kind not in STAGE_KINDS or kind == "init":
         return
     module = importlib.import_module(STAGE_KINDS[kind].split(":")[0])
     if kind == "base":
         module.stage_config(merged)
     elif hasattr(module, "defaults"):
-        resolved = common.resolve_stage_config(merged, module.defaults())
+        resolved = resolve_stage_config(merged, module.defaults())
         if kind in ("rsr", "rpr"):      # its value checks too, before anything runs
-            module._check(resolved)     # pylint: disable=protected-access
+            module.check_config(resolved)
 
 
 def _params_m(cfg) -> float:
@@ -230,7 +235,6 @@ def _params_m(cfg) -> float:
 def run_stages(entries, shared, run_dir: pathlib.Path) -> dict:
     """The pipeline over `entries` (a finished stage returns its summary at once); wall time per
     stage in `stage_times.json`."""
-    from tr.train.compile import CompileClock  # pylint: disable=g-import-not-at-top
 
     times_path, compile_path = run_dir / "stage_times.json", run_dir / "stage_compile_s.json"
     times = json.loads(times_path.read_text()) if times_path.exists() else {}
@@ -274,7 +278,6 @@ def retained_actor_hash(run_dir: pathlib.Path, stage: str) -> str | None:
     step = retained_step(run_dir, stage)
     if step == summary.get("finished_step", step):
         return summary.get("actor_hash")
-    from tr.train.checkpoint import tree_hash  # pylint: disable=g-import-not-at-top
 
     return tree_hash(restore_actor(run_dir, stage, step)[3])
 
@@ -393,7 +396,6 @@ def training_curves(run_dir: pathlib.Path, stages: Sequence[str]) -> dict:
 def rescore_run(run_dir: pathlib.Path, stages: Sequence[str], scales_stage: str):
     """FDR and SPR of the run's own RPR trajectories (tr.rewards.rescore) under `scales_stage`'s
     frozen table; returns (metrics, rewards, strict_pass, n) or None when there are none."""
-    from tr.rewards import profile, rescore  # pylint: disable=g-import-not-at-top
 
     files = [str(p) for s in stages for p in sorted((run_dir / s / "rollouts").glob("*.jsonl"))
              if p.stat().st_size]
@@ -413,7 +415,6 @@ def rescore_run(run_dir: pathlib.Path, stages: Sequence[str], scales_stage: str)
 
 
 def run(config, workdir) -> dict:
-    from tr.stages import common  # pylint: disable=g-import-not-at-top
     t_start = time.monotonic()
     run_dir = pathlib.Path(workdir)
     info = validate(config)
@@ -423,18 +424,15 @@ def run(config, workdir) -> dict:
               flush=True)
         return info
     entries, shared, report_stages, skipped = schedule(config)
-    from tr.train.compile import use_compilation_cache  # pylint: disable=g-import-not-at-top
     use_compilation_cache(run_dir / "jax-cache")
     for gone in skipped:
         print(f"[terminal_rsi] skipping stage {gone['name']}: {gone['why']}", flush=True)
     summaries = run_stages(entries, shared, run_dir)
-    from tr.envs import gym  # pylint: disable=g-import-not-at-top
 
     rc = config.report
     tasks = gym.split_tasks(rc.split, int(rc.count) or None,
                             seed=int(shared.get("tasks", {}).get("seed", 0)))
     rows, by_hash = [], {}
-    from tr.train.compile import CompileClock  # pylint: disable=g-import-not-at-top
     eval_clock = CompileClock()
     for row in REPORT_ROWS:
         stage = report_stages.get(row)
@@ -468,7 +466,7 @@ def run(config, workdir) -> dict:
         "ablation": _ablation_info(config),
         "skipped": skipped, "stage_wall_s": times, "test_eval_s": eval_s,
         "compile_s": compile_s,
-        "test_tasks": len(tasks), "schedule": info["stages"], "machine": common.machine_info(),
+        "test_tasks": len(tasks), "schedule": info["stages"], "machine": machine_info(),
     }
     rpr_stages = [report_stages[r] for r in ("rpr1", "rpr2") if r in report_stages]
     rescored = rescore_run(run_dir, rpr_stages, rpr_stages[0]) if rpr_stages else None
@@ -616,7 +614,6 @@ def report_markdown(report: dict) -> str:
     if "rescore" in report:
         out += ["", f"## FDR vs SPR on the run's own trajectories ({report['rescore']['trajectories']} "
                 f"from {', '.join(report['rescore']['stages'])})", "", "```"]
-        from tr.rewards.rescore import format_metrics  # pylint: disable=g-import-not-at-top
         out += [format_metrics(report["rescore"]["metrics"]), "```"]
     if report.get("plots"):
         out += ["", "## Plots", ""] + [f"![{name}]({path})" for name, path in report["plots"].items()]
@@ -685,7 +682,6 @@ def write_plots(folder: pathlib.Path, report: dict, curves: dict, rescored) -> d
     out["success by tier"] = f"{folder.name}/tiers.png"
 
     if rescored is not None:
-        from tr.rewards.rescore import plot_rewards  # pylint: disable=g-import-not-at-top
         metrics, rewards, strict, _ = rescored
         plot_rewards(rewards, strict, metrics, str(folder / "rewards.png"))
         out["FDR vs SPR rewards"] = f"{folder.name}/rewards.png"

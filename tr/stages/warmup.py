@@ -6,7 +6,7 @@ targets (`V_old`, TB-GAE returns) computed once; every update's metrics line car
 variance of the batch's returns under the critic before the iteration (`ev_before`) and after it
 (`ev_after`), and the summary the first and last (the paper: −1.15 → 0.01).
 
-Config (on top of `tr.stages.common.stage_defaults`): `warmup.tasks` (how many `train` tasks are
+Config (on top of `tr.stages.stage_config.stage_defaults`): `warmup.tasks` (how many `train` tasks are
 held apart for the warm-up, taken from the end of the split; 0 = all).
 """
 
@@ -16,7 +16,12 @@ import jax
 import ml_collections
 
 from tr.rl import advantages as adv_lib
-from tr.stages import common, handoff, loop
+from tr.stages import handoff, loop
+from tr.stages.actor import Actor
+from tr.stages.metrics import finite_or_none, read_metrics
+from tr.stages.splits import stage_tasks
+from tr.stages.stage_config import resolve_stage_config, stage_defaults
+from tr.stages.stage_rewards import episode_rewards
 from tr.train import updates
 from tr.train.compile import run_epochs
 
@@ -24,7 +29,7 @@ KIND = "warmup"
 
 
 def defaults() -> ml_collections.ConfigDict:
-    config = common.stage_defaults()
+    config = stage_defaults()
     config.kind = KIND
     config.critic_from = "fresh"
     config.warmup = {"tasks": 0}
@@ -33,12 +38,12 @@ def defaults() -> ml_collections.ConfigDict:
 
 
 def run(stage_config, run_dir, **_) -> dict:
-    config = common.resolve_stage_config(stage_config, defaults())
+    config = resolve_stage_config(stage_config, defaults())
     done = handoff.finished_summary(run_dir, config.name)
     if done is not None:
         return done
     opened = handoff.open_stage(config, run_dir, kind=KIND, actor_trains=False, critic_trains=True)
-    train_tasks = common.stage_tasks(config.tasks, "train")
+    train_tasks = stage_tasks(config.tasks, "train")
     held = int(config.warmup.tasks)
     tasks = train_tasks[-held:] if held else train_tasks
     ppo = config.train.ppo
@@ -59,18 +64,18 @@ def run(stage_config, run_dir, **_) -> dict:
         return state, [{**m, "ev_before": ev_before, "ev_after": ev_after} for m in history]
 
     phases = [loop.Phase("critic", iterations, int(ppo.epochs) * int(ppo.mini_batches), update)]
-    with common.Actor(opened.models, config.rollout, config.eval) as actor:
+    with Actor(opened.models, config.rollout, config.eval) as actor:
         parts = loop.LoopParts(
             stage_dir=opened.stage_dir, config=config, actor=actor, targets=opened.steps.targets,
-            train_tasks=tasks, val_tasks=common.stage_tasks(config.tasks, "val")[
+            train_tasks=tasks, val_tasks=stage_tasks(config.tasks, "val")[
                 :int(config.eval.count) or None] if config.eval.at_start else [],
-            rewards=lambda records: common.episode_rewards(records, "strict"))
+            rewards=lambda records: episode_rewards(records, "strict"))
         state = loop.train_loop(parts, opened.state, opened.store, phases)
-    lines = common.read_metrics(opened.stage_dir / "metrics.jsonl")
+    lines = read_metrics(opened.stage_dir / "metrics.jsonl")
     summary = {"kind": KIND, "iterations": iterations, "updates": len(lines),
                "ev_before": lines[0]["ev_before"] if lines else None,
                "ev_after": lines[-1]["ev_after"] if lines else None,
-               "ev_per_update": [common.finite_or_none(line["critic/explained_variance"])
+               "ev_per_update": [finite_or_none(line["critic/explained_variance"])
                                  for line in lines]}
     jax.block_until_ready(state.step)
     return handoff.finish_stage(opened, state, summary)

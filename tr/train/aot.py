@@ -10,7 +10,7 @@ With `libtpu` installed (`TR_AOT=1 bash launch/setup.sh` adds `requirements-aot.
 describe a TPU slice's devices without owning one (`jax.experimental.topologies`) and compile for
 them. This builds the config's mesh (`config.pod`, tr/train/pod.py) on the topology's devices and
 compiles, with the config's shapes and shardings, each step it runs: the sampler's prefill and one
-decode step, and the `sft`, `critic`, `ppo`, `grpo` updates (built by `tr.train.steps.build_steps`).
+decode step, and the `sft`, `critic`, `ppo`, `grpo` updates (built by `tr.train.compile.build_steps`).
 For each it prints the per-chip bytes of XLA's `memory_analysis()`:
 
     argument  inputs (parameters, optimizer state, batch, cache) held on one chip
@@ -31,7 +31,7 @@ The config interface (what a recipe config provides; LAYOUT.md lists it too):
     config.model               a named size (tr/models/config.py), actor and critic, or
                                {name, overrides}
     config.pod                 tr.train.pod.pod_config(...): mesh, axis_rules, remat
-    config.train               tr.train.steps.default_config() (optimizers, ppo/grpo, chunking)
+    config.train               tr.train.updates.default_config() (optimizers, ppo/grpo, chunking)
     config.shapes.<update>     for each update the config runs (sft, critic, ppo, grpo):
                                {rows, length, micro_batches}: rows x length tokens per update,
                                split into micro_batches
@@ -66,7 +66,11 @@ from tr.models.config import get_model_config
 from tr.models.critic import CriticModel
 from tr.models.decoder import Decoder, KVCache, init_cache
 from tr.train import pod
-from tr.train import steps as steps_lib
+from tr.train.compile import build_steps
+from tr.train.model_fns import nnx_model_fns
+from tr.train.optim import make_optimizer
+from tr.train.shardings import nnx_param_shardings, train_state_shardings
+from tr.train.updates import REQUIRED
 from tr.train.state import TrainState, create_train_state
 
 UPDATES = ("sft", "critic", "ppo", "grpo")
@@ -230,16 +234,16 @@ def lower_steps(config: ml_collections.ConfigDict, devices: list[Any]) -> dict[s
     with sharding_lib.axis_rules(rules):
         actor = nnx.eval_shape(lambda: Decoder(model_config, rngs=nnx.Rngs(0)))
         critic = nnx.eval_shape(lambda: CriticModel(model_config, rngs=nnx.Rngs(1))) if needs_critic else None
-        fns = steps_lib.nnx_model_fns(actor, critic, chunk_size=int(config.train.logprob_chunk_size),
-                                      temperature=float(config.train.get("policy_temperature", 1.0)))
-        actor_opt = steps_lib.make_optimizer(config.train.actor.optimizer)
-        critic_opt = steps_lib.make_optimizer(config.train.critic.optimizer)
+        fns = nnx_model_fns(actor, critic, chunk_size=int(config.train.logprob_chunk_size),
+                            temperature=float(config.train.get("policy_temperature", 1.0)))
+        actor_opt = make_optimizer(config.train.actor.optimizer)
+        critic_opt = make_optimizer(config.train.critic.optimizer)
         state = jax.eval_shape(lambda a, c: create_train_state(
             actor_params=a, actor_optimizer=actor_opt, critic_params=c,
             critic_optimizer=critic_opt if needs_critic else None), fns.actor_params, fns.critic_params)
-        shardings = steps_lib.train_state_shardings(
-            state, mesh, actor_param_shardings=steps_lib.nnx_param_shardings(actor, mesh),
-            critic_param_shardings=steps_lib.nnx_param_shardings(critic, mesh) if needs_critic else None)
+        shardings = train_state_shardings(
+            state, mesh, actor_param_shardings=nnx_param_shardings(actor, mesh),
+            critic_param_shardings=nnx_param_shardings(critic, mesh) if needs_critic else None)
     abstract_state = _abstract(state, shardings)
 
     def under_rules(fn):
@@ -255,10 +259,10 @@ def lower_steps(config: ml_collections.ConfigDict, devices: list[Any]) -> dict[s
         shape = plan[name]
         train = ml_collections.ConfigDict(config.train.to_dict())
         train.num_micro_batches = shape["micro_batches"]
-        steps = steps_lib.build_steps(train, actor_logprobs=fns.actor_logprobs,
-                                      critic_values=fns.critic_values if needs_critic else None,
-                                      state_sharding=shardings, donate=True)
-        batch = _batch(steps_lib._REQUIRED[name], shape["rows"], shape["length"], mesh)  # pylint: disable=protected-access
+        steps = build_steps(train, actor_logprobs=fns.actor_logprobs,
+                            critic_values=fns.critic_values if needs_critic else None,
+                            state_sharding=shardings, donate=True)
+        batch = _batch(REQUIRED[name], shape["rows"], shape["length"], mesh)
         thunks[name] = under_rules(lambda step=getattr(steps, name), batch=batch:
                                    (step.lower(abstract_state, batch), (abstract_state, batch)))
     if "sampler_prefill" in plan:

@@ -47,7 +47,8 @@ from tr.train.state import MODEL_ITEMS, TrainState
 PyTree = Any
 
 FRESH = "fresh"  # `Side(source=FRESH)`: the new stage gets freshly initialised critic parameters.
-_STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# a stage name (also its folder): a letter or digit, then letters, digits, ".", "_", "-"
+STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _FORMAT = 1
 _INCOMPLETE = ".orbax-checkpoint-tmp"  # Orbax's suffix for a step folder not yet renamed in place
 
@@ -125,8 +126,8 @@ class StageStore:
 
     def __init__(self, run_dir, stage: str, *, save_every: int = 1, max_to_keep: int | None = None,
                  async_save: bool = True, read_only: bool = False, hash_on_save: bool = True):
-        if not _STAGE_NAME.match(stage or ""):
-            raise ValueError(f"stage name {stage!r} must match {_STAGE_NAME.pattern}")
+        if not STAGE_NAME.match(stage or ""):
+            raise ValueError(f"stage name {stage!r} must match {STAGE_NAME.pattern}")
         if save_every < 1:
             raise ValueError(f"StageStore({stage!r}): save_every must be >= 1, got {save_every}")
         self.run_dir = pathlib.Path(run_dir)
@@ -245,7 +246,7 @@ class StageStore:
 
     def step_manifest(self, step: int | None = None) -> dict:
         """The JSON manifest saved with `step` (default: the latest)."""
-        step = self._resolve_step(step)
+        step = self.resolve_step(step)
         return self._manager.restore(
             step, args=ocp.args.Composite(manifest=ocp.args.JsonRestore())).manifest
 
@@ -256,7 +257,7 @@ class StageStore:
         shardings to restore onto (any mesh shape). Parts that are None in `target` are not read
         (they come back None). `data_iter`, if given, is moved to the saved position in place.
         """
-        step = self._resolve_step(step)
+        step = self.resolve_step(step)
         saved = set(self.step_manifest(step)["items"])
         wanted = {name: getattr(target, name) for name in MODEL_ITEMS
                   if getattr(target, name) is not None}
@@ -280,7 +281,7 @@ class StageStore:
         """One part (e.g. `critic_params`) of the checkpoint at `step`, laid out as `target`."""
         if name not in MODEL_ITEMS:
             raise ValueError(f"restore_item: {name!r} is not one of {MODEL_ITEMS}")
-        step = self._resolve_step(step)
+        step = self.resolve_step(step)
         if name not in self.step_manifest(step)["items"]:
             raise CheckpointError(f"{self.checkpoint_dir / str(step)} holds no {name!r}")
         restored = self._manager.restore(
@@ -315,9 +316,9 @@ class StageStore:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # -- internals --------------------------------------------------------------------------------
-
-    def _resolve_step(self, step: int | None) -> int:
+    def resolve_step(self, step: int | None) -> int:
+        """The complete checkpoint step `step` names (None: the latest); CheckpointError when the
+        stage has none or not that one."""
         steps = self._manager.all_steps()
         if step is None:
             if not steps:
@@ -452,7 +453,7 @@ def hand_off(run_dir, stage: str, name: str, side: Side, target: TrainState) -> 
     params = opt_state = parent = optimizer = None
     if isinstance(side.source, StageRef):
         with StageStore(run_dir, side.source.stage, read_only=True) as store:
-            step = store._resolve_step(side.source.step)  # pylint: disable=protected-access
+            step = store.resolve_step(side.source.step)
             params = store.restore_item(f"{name}_params", target_params, step)
             parent = _parent_record(store, step, f"{name}_params", params)
             if side.optimizer is not None and side.restore_optimizer:

@@ -15,6 +15,8 @@ from typing import Any, Callable
 import jax
 from jaxtyping import Array, Float
 
+from tr.models.decoder import token_logprobs
+
 PyTree = Any
 Batch = dict[str, jax.Array]
 ActorFn = Callable[[PyTree, Batch], Float[Array, "b l"]]
@@ -46,7 +48,6 @@ def nnx_model_fns(actor=None, critic=None, *, chunk_size: int = 1024,
     if not temperature > 0:
         raise ValueError(f"nnx_model_fns: temperature must be > 0, got {temperature}")
     from flax import nnx  # pylint: disable=g-import-not-at-top
-    from tr.models.decoder import token_logprobs  # pylint: disable=g-import-not-at-top
 
     def split(model):
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)

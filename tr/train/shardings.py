@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from tr.models import sharding as sharding_lib
 from tr.train.state import TrainState
 
 PyTree = Any
@@ -17,7 +18,6 @@ Batch = dict[str, jax.Array]
 def nnx_param_shardings(model, mesh: Mesh) -> PyTree:
     """Pure-dict tree of `NamedSharding`s for the `nnx.Param`s of `model` (logical-axis rules)."""
     from flax import nnx  # pylint: disable=g-import-not-at-top
-    from tr.models import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
 
     shardings = sharding_lib.state_shardings(nnx.state(model, nnx.Param), mesh)
     return nnx.to_pure_dict(shardings)
@@ -75,7 +75,6 @@ def train_state_shardings(state: TrainState, mesh: Mesh, *, actor_param_sharding
 
 def shard_batch(batch: Batch, mesh: Mesh) -> Batch:
     """Places a batch on `mesh`: rows over the data-parallel axes (`tr.models.sharding` rules)."""
-    from tr.models import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
 
     return {k: jax.device_put(v, sharding_lib.batch_sharding(mesh, min(jnp.ndim(v), 2)))
             for k, v in batch.items()}

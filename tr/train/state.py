@@ -1,6 +1,6 @@
 """The train state: one pytree holding everything an update step reads and writes.
 
-`TrainState` is what flows through the pure update steps of `tr/train/steps.py` (state in, state and
+`TrainState` is what flows through the pure update steps of `tr/train/updates.py` (state in, state and
 metrics out) and what `tr/train/checkpoint.py` writes per stage. Parameters are *pure* pytrees (for
 an NNX model, `nnx.to_pure_dict(nnx.state(model, nnx.Param))`); the model's graph definition stays
 outside the state, in the step functions, so the state holds arrays only and can be sharded,

@@ -217,17 +217,6 @@ def rollout_targets(state: TrainState, batch: Batch, *, actor_logprobs: ActorFn 
             "returns": jax.lax.stop_gradient(returns)}
 
 
-def critic_targets(critic_values: CriticFn, critic_params: PyTree, batch: Batch, *,
-                   gamma_turn: float, lam_turn: float, num_micro_batches: int = 1):
-    """`(V_old, A, G)`: the critic's values on the batch, TB-GAE advantages and returns."""
-    values = map_micro_batches(lambda mb: critic_values(critic_params, mb), batch,
-                               num_micro_batches)
-    values = jax.lax.stop_gradient(values.astype(jnp.float32))
-    gae = adv_lib.tb_gae(batch["rewards"], values, batch["actor_mask"], batch["turn_ids"],
-                         batch["dones"], gamma_turn=gamma_turn, lam_turn=lam_turn)
-    return values, gae.advantages, gae.returns
-
-
 def _prepared(state, batch, actor_logprobs, critic_values, params, n) -> Batch:
     if all(k in batch for k in TARGET_FIELDS):
         return batch

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from tr.envs.gym.families import FAMILY_LIST, Family, Instance
+from tr.envs.tasks import load_task
 from tr.envs.tasks.model import Task
 
 GYM_VERSION = 3
@@ -119,7 +120,6 @@ def write_task(family: str, seed: int, root: Path | str) -> Path:
 
 def make_task(family: str, seed: int) -> Task:
     """The instance as a loaded tr-layout Task (materialised once in the gym cache)."""
-    from tr.envs.tasks import load_task
 
     return load_task(write_task(family, seed, cache_dir()))
 

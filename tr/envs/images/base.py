@@ -26,6 +26,11 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from tr.envs.images import debian
+from tr.envs.sandbox import SandboxError
+from tr.envs.tasks.dockerfile import inline_heredocs
+from tr.envs.tasks.packages import debian_name
+
 BASE_REPO = "tr-base"
 TASK_REPO = "tr-task"
 LABEL = "tr.managed"
@@ -72,7 +77,6 @@ def docker_client():
         client.ping()
         return client
     except Exception as e:  # noqa: BLE001 - any failure means the same to the caller
-        from tr.envs.sandbox import SandboxError
         raise SandboxError(f"no Docker engine answers ({type(e).__name__}: {e}); start dockerd "
                            "or use the local backend") from None
 
@@ -310,7 +314,6 @@ _PPA = re.compile(r"\badd-apt-repository\s+(?:-\S+\s+)*['\"]?ppa:[^\s'\"&;|]+['\
 
 def _standin_lines(instruction_text: str) -> str:
     """A RUN line in a stand-in stage with Ubuntu apt package names mapped to Debian's."""
-    from tr.envs.tasks.packages import debian_name
 
     def fix(match: re.Match) -> str:
         words = match.group(2).split(" ")
@@ -338,8 +341,6 @@ def _rewrite(client, dockerfile: Path, log, notes: list,
     classic builder has no BuildKit; their files go to ``files``), FROMs resolved (see
     build_task_image); in stand-in stages a t-bench image's ``WORKDIR /app`` and Debian package
     names.  Returns (text, stand-in images)."""
-    from tr.envs.images import debian
-    from tr.envs.tasks.dockerfile import inline_heredocs
     stages: set[str] = set()
     replaced: list[str] = []
     standin_stage = False
@@ -491,7 +492,6 @@ def unreachable_hosts(lines: list[str]) -> list[str]:
 
 def _build_error(dockerfile: Path, error: str, lines: list[str], replaced: list[str]) -> str:
     """One message: what failed, the build output's tail, and what would make it build."""
-    from tr.envs.images import debian
     tail = "\n".join(lines[-25:])
     message = f"building {dockerfile} failed: {error.strip()}\n--- build output (tail)\n{tail}"
     missing = sorted({m.group(1) for m in _APT_MISSING.finditer(tail)} - {""})

@@ -16,8 +16,11 @@ import re
 import sys
 from pathlib import Path
 
+from tr.envs.backends import get_backend
+from tr.envs.sandbox import SandboxConfig
 from tr.envs.images.base import unreachable_hosts
 from tr.envs.tasks import loader
+from tr.envs.tasks import runner
 from tr.envs.tasks.model import TaskError
 
 EXIT_OK, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
@@ -43,8 +46,6 @@ def _tail(text: str, limit: int) -> str:
 
 
 def _local_notes(task) -> list[str]:
-    from tr.envs.tasks import runner
-
     try:
         plan = runner.local_plan(task)
     except runner.NeedsDocker as exc:
@@ -76,8 +77,6 @@ def cmd_validate(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from tr.envs.tasks import runner
-
     try:
         task = loader.load_task(args.dir)
     except TaskError as exc:
@@ -86,8 +85,6 @@ def cmd_verify(args) -> int:
     try:
         base = None
         if args.network:
-            from tr.envs.sandbox import SandboxConfig
-
             base = SandboxConfig(network=True)
         result, turns = runner.run_task(task, args.attempt, args.backend, base_config=base)
     except runner.NeedsDocker as exc:
@@ -135,7 +132,6 @@ def cmd_verify(args) -> int:
             print(_tail(result.log, 4000))
             if (not result.strict_pass and _REFUSED.search(result.log)
                     and _LOCALHOST.search(result.log)):
-                from tr.envs.backends import get_backend
                 why = ("no process the agent left running listened there (the tests ran beside "
                        "its live processes)" if task.verifier.servers
                        and get_backend(args.backend).network_sibling else

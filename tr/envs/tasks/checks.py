@@ -6,7 +6,10 @@ import re
 import subprocess
 from pathlib import Path
 
+from tr.envs.protected import PIP_INSTALL
+from tr.envs.tasks import dockerfile as dfile, testscript
 from tr.envs.tasks.model import Problem, VerifierSpec, script_interpreter, split_turns, test_functions
+from tr.envs.verifier import JUNIT_FILENAME
 from tr.envs.verifier import PENALTY_PREFIX
 
 _INSTALLS = re.compile(
@@ -99,7 +102,6 @@ def _dist_key(name: str) -> str:
 def image_pip_requirements(dockerfile: Path) -> list[str]:
     """The requirements a Dockerfile's RUN lines `pip install` by name (flags, files, paths and
     variables left out), in order."""
-    from tr.envs.tasks import dockerfile as dfile
     try:
         instructions = dfile.parse(dockerfile.read_text(encoding="utf-8"), dockerfile)
     except (OSError, UnicodeDecodeError, dfile.DockerfileError):
@@ -189,7 +191,6 @@ def with_image_installs(spec: VerifierSpec, tests_dir: Path, dockerfile: Path | 
     import dataclasses
     import shlex
 
-    from tr.envs.protected import PIP_INSTALL
     if spec.script_text is None:
         return spec
     wanted = image_package_installs(tests_dir, spec.test_files, dockerfile)
@@ -210,8 +211,6 @@ def pytest_spec_from_script(script: str, script_name: str, tests_dir: Path) -> V
     test_files (for the static checks) are those the script names that exist in the tests dir,
     else every test file.
     """
-    from tr.envs.tasks import testscript
-    from tr.envs.verifier import JUNIT_FILENAME
 
     all_files = find_test_files(tests_dir)
     named = []
@@ -246,7 +245,6 @@ def pytest_spec_from_script(script: str, script_name: str, tests_dir: Path) -> V
 def unserved_pytest_problem(spec: VerifierSpec, script_name: str) -> Problem | None:
     """A script that still runs a pytest the harness does not serve once rewritten (its own
     `pytest` would write the report, and the agent can replace it): refused, naming the line."""
-    from tr.envs.tasks import testscript
 
     line = testscript.unserved_pytest(spec.script_text or "")
     if line is None:

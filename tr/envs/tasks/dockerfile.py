@@ -19,6 +19,8 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tr.envs.tasks import packages
+
 IGNORED = {"CMD", "ENTRYPOINT", "LABEL", "EXPOSE", "VOLUME", "MAINTAINER", "HEALTHCHECK",
            "STOPSIGNAL"}
 
@@ -279,7 +281,6 @@ def _without_installs(dockerfile: Path, ins: Instruction, command: str,
     """A RUN whose package installs the host already has: those parts dropped (a note says so),
     the rest kept (None when nothing is left).  NeedsDocker names missing packages and what to
     do, or the part that needs the network."""
-    from tr.envs.tasks import packages
 
     kept, apt, pip = [], [], []
     for part in packages.split_commands(command):

@@ -18,10 +18,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from tr.envs import protected
 from tr.envs import verifier as vr
+from tr.envs.backends import get_backend
+from tr.envs.protected import CHECKRUN
+from tr.envs.sandbox import SandboxConfig
 from tr.envs.tasks import dockerfile as dfile
 from tr.envs.tasks import testscript
 from tr.envs.tasks.model import Task, script_interpreter, split_turns
+from tr.envs.tasks.tb1 import solution_commands
 
 ATTEMPTS = ("solution", "partial", "none")
 RESULTS_DIR = "/logs/verifier"
@@ -64,8 +69,6 @@ def sandbox_config(task: Task, backend="local", base=None):
     """The SandboxConfig a task runs under on ``backend`` (a name or a
     :class:`tr.envs.backends.Backend`): its workdir and ENV; on a backend that builds images,
     the image built from its Dockerfile (or the one it names)."""
-    from tr.envs.backends import get_backend
-    from tr.envs.sandbox import SandboxConfig
 
     backend = get_backend(backend)
     config = _with_limits(task, base if base is not None else SandboxConfig(), backend)
@@ -92,7 +95,6 @@ def sandbox_config(task: Task, backend="local", base=None):
 def _with_limits(task: Task, config, backend):
     """The task's own resources (Harbor [environment]) over the caller's config; its runtime
     network only when the task asks for it (`allow_internet`), else the config's (off)."""
-    from tr.envs.backends import get_backend
 
     backend = get_backend(backend)
     env = task.environment
@@ -121,8 +123,6 @@ def _image_workdir(task: Task) -> str:
 def task_image(task: Task, backend="docker", config=None) -> str | None:
     """The image a task runs in on an image-building backend: built from its Dockerfile (how it
     was made kept in :data:`IMAGE_NOTES`), or the one it names; None for a setup-script task."""
-    from tr.envs.backends import get_backend
-    from tr.envs.sandbox import SandboxConfig
 
     env = task.environment
     if env.kind == "dockerfile":
@@ -172,7 +172,6 @@ def prepare(task: Task, sandbox, backend=None) -> None:
     dockerfile layout: a backend that builds images has them in the image; on another one the
     Dockerfile's steps are carried out in the sandbox.  ``backend``: default the sandbox's own.
     """
-    from tr.envs.backends import get_backend
 
     backend = get_backend(backend if backend is not None else sandbox.backend)
     env = task.environment
@@ -247,7 +246,6 @@ def attempt_turns(task: Task, attempt: str) -> list[str]:
     if task.layout == "tr":
         return split_turns(text)
     if path.suffix == ".yaml":
-        from tr.envs.tasks.tb1 import solution_commands
 
         return solution_commands(text)[0]
     interpreter = " ".join(shlex.quote(w) for w in script_interpreter(text))
@@ -306,7 +304,6 @@ def verifier_command(task: Task, workdir: str) -> str:
             return f"{head}( {spec.script_text}\n) > {RESULTS_DIR}/{vr.OUTPUT_FILENAME} 2>&1"
         return head + spec.script_text
     if spec.kind == "pytest" and spec.runner == "stdlib":
-        from tr.envs.protected import CHECKRUN
         files = " ".join(shlex.quote(f"{TESTS_MOUNT}/{rel}") for rel in spec.test_files)
         return (f"{cd}TEST_DIR={TESTS_MOUNT} \"$TR_PYTHON\" -I -S {CHECKRUN} "
                 f"--junitxml={RESULTS_DIR}/{vr.JUNIT_FILENAME} {files}")
@@ -322,9 +319,6 @@ def verifier_command(task: Task, workdir: str) -> str:
 def verify(task: Task, sandbox, workdir: str | None = None) -> vr.VerifierResult:
     """Run the task's verifier through the protected runner and score it (cwd: `workdir`,
     default the sandbox's workdir)."""
-    from tr.envs import protected
-
-    from tr.envs.backends import get_backend
 
     workdir = workdir or sandbox.config.workdir
     command = verifier_command(task, workdir)
@@ -375,7 +369,6 @@ def runner_word(task: Task, run, files: dict[str, str]) -> tuple[int | None, lis
 def server_notes(task: Task, backend) -> list[str]:
     """For tests that talk to a local server: how they ran on ``backend`` (beside the agent's
     live processes, or after they were ended, and what to do then)."""
-    from tr.envs.backends import get_backend
 
     if not task.verifier.servers:
         return []
@@ -398,7 +391,6 @@ IMAGE_NOTES: dict[str, tuple[str, ...]] = {}   # task image tag -> how it was ma
 def environment_notes(task: Task, sandbox=None, backend=None) -> list[str]:
     """How the environment differs from the task's own: installs skipped where the Dockerfile's
     steps run in the sandbox, a stand-in base image where it was built."""
-    from tr.envs.backends import get_backend
 
     backend = get_backend(backend or getattr(sandbox, "backend", "local"))
     if not backend.builds_images:
@@ -446,7 +438,6 @@ def run_task(task: Task, attempt: str = "solution", backend="local", *,
              base_config=None) -> tuple[vr.VerifierResult, list]:
     """Fresh sandbox -> prepare -> attempt -> verify. Environment failures become results with
     error='environment'; NeedsDocker propagates (the caller asked for the wrong backend)."""
-    from tr.envs.backends import get_backend
 
     attempt_script(task, attempt)  # fail early on a missing script
     backend = get_backend(backend)

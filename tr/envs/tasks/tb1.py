@@ -12,6 +12,7 @@ from tr.envs.tasks.model import (
     DEFAULT_AGENT_TIMEOUT_S, DEFAULT_MAX_TURNS, DEFAULT_VERIFIER_TIMEOUT_S, TASK_ID_RE, Budgets,
     Environment, Problem, Task, VerifierSpec,
 )
+from tr.envs.tasks import testscript
 
 
 def _instruction(f: FieldReader) -> str | None:
@@ -198,7 +199,6 @@ def _verifier(task_dir: Path, problems: list[Problem]) -> VerifierSpec | None:
     if script is None:
         return None
     if not checks.runs_pytest_or_harness(script):
-        from tr.envs.tasks import testscript
 
         if "short test summary info" not in script:
             problems.append(Problem("run-tests.sh", None, "does not run pytest nor print a "
