@@ -8,5 +8,11 @@ TR_AOT=1 bash "$ROOT/launch/setup.sh"   # with libtpu: tests/test_aot.py compile
 cd "$ROOT"
 # With no test paths given (as CI runs it), the whole suite; else only the paths given.
 targets=(tests)
-for arg in "$@"; do [[ "$arg" == -* ]] || { targets=(); break; }; done
-exec "$ROOT/.venv/bin/python" -m pytest -q -p no:cacheprovider "${targets[@]}" "$@"
+# (an argument naming an existing file or folder, `::test` allowed, is a test path; `-k expr` is not)
+for arg in "$@"; do [[ "$arg" != -* && -e "${arg%%::*}" ]] && { targets=(); break; }; done
+# pytest-xdist, one worker per core (up to 4): the suite waits on sandboxes, Docker and
+# subprocesses as much as it computes, so two workers on 2 cores fill what one leaves idle;
+# `worksteal` evens out the few minutes-long end-to-end tests. `-n 0` in the arguments runs serially.
+workers="${TR_TEST_WORKERS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}"
+exec "$ROOT/.venv/bin/python" -m pytest -q -p no:cacheprovider -n "$workers" --dist worksteal \
+  "${targets[@]}" "$@"

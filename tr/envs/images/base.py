@@ -16,6 +16,7 @@ the agent's runtime is the sandbox's business (offline by default).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import os
@@ -233,7 +234,11 @@ def ensure_base_image(rebuild: bool = False, log: Callable[[str], None] | None =
         if not rebuild and _image_exists(client, tag):
             _READY.add(tag)
             return tag
-        _build_base(client, tag, packages, log)
+        # one build per machine: concurrent callers (test workers, rollout processes) wait for it
+        with open(debian.cache_dir() / f"{tag.replace(':', '-')}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if rebuild or not _image_exists(client, tag):
+                _build_base(client, tag, packages, log)
     finally:
         if own_client:
             client.close()
