@@ -7,6 +7,7 @@ config as JSON and exits (the pod launchers' `--dry-run` shows it). A config's `
 (`tr/train/pod.py`) says whether to join a multi-process run first (`--config.pod.distributed=True`).
 """
 
+import importlib.util
 import logging as pylogging
 import os
 import pathlib
@@ -54,6 +55,41 @@ def load_config():
     return config
 
 
+# job -> the shipped config file whose default variant holds that job's defaults: a partial config
+# (`job` and the fields it changes) gets every field it leaves out from there.
+JOB_DEFAULTS = {"evaluate": "evaluate.py", "terminal_rsi": "terminal_rsi.py", "reterm": "reterm.py",
+                "base": "base_policy.py", "gae_demo": "gae_demo.py", "aot": "pod_scale.py"}
+
+
+def job_defaults(job: str):
+    """The default config of `job` (JOB_DEFAULTS), or None for a job without one (`pipeline`)."""
+    if job not in JOB_DEFAULTS:
+        return None
+    path = pathlib.Path(__file__).resolve().parent / JOB_DEFAULTS[job]
+    spec = importlib.util.spec_from_file_location(f"job_defaults_{job}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def fill_defaults(config, defaults) -> list[str]:
+    """Adds to `config`, in place, every field of `defaults` it lacks (recursively into sections
+    both have); the values `config` gives are never touched, so a full config is unchanged.
+    Returns the dotted names filled."""
+    filled = []
+
+    def walk(into, source, prefix):
+        for key in source.keys():
+            if key not in into:
+                with into.unlocked():
+                    into[key] = source[key]
+                filled.append(prefix + key)
+            elif hasattr(into[key], "keys") and hasattr(source[key], "keys"):
+                walk(into[key], source[key], f"{prefix}{key}.")
+    walk(config, defaults, "")
+    return filled
+
+
 def _exit_on_sigterm(signum, _frame):
     """SIGTERM (a launcher's or a scheduler's kill) as SystemExit: the stages' `finally` blocks run,
     so sandboxes close and persisted snapshots (ReTerm's failure states, its recovery queue) are
@@ -91,6 +127,13 @@ def main(argv):
     if "job" not in config:
         raise app.UsageError(f"the config from --config={flags.FLAGS['config'].serialize()} has no "
                                                   "'job' field; see experiments/README.md")
+    defaults = job_defaults(str(config.job))
+    if defaults is not None:
+        filled = fill_defaults(config, defaults)
+        if filled:
+            sys.stderr.write(f"config: {len(filled)} field(s) from the {config.job} job's defaults "
+                             f"(experiments/{JOB_DEFAULTS[config.job]}): "
+                             f"{', '.join(filled[:8])}{' ...' if len(filled) > 8 else ''}\n")
     if _PRINT_CONFIG.value:
         print(config.to_json_best_effort(indent=2, sort_keys=True))
         return

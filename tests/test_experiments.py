@@ -95,3 +95,54 @@ def test_main_job_names_an_unknown_task(tmp_path):
                       f"--workdir={tmp_path}")
     assert result.returncode != 0
     assert "no-such-task" in result.stderr and "Traceback" not in result.stderr
+
+
+SHIPPED_FILLS = """
+import importlib.util, json, pathlib, sys
+root = pathlib.Path(sys.argv[1])
+def load(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+main = load(root / "experiments" / "main.py", "entry")
+out = {}
+for path in sorted((root / "experiments").glob("*.py")):
+    if path.name != "main.py":
+        module = load(path, "x_" + path.stem)
+        for variant in getattr(module, "VARIANTS", ("default",)):
+            config = module.get_config(variant)
+            defaults = main.job_defaults(str(config.job))
+            out[f"{path.name}:{variant}"] = None if defaults is None else main.fill_defaults(config, defaults)
+print(json.dumps(out))
+"""
+
+
+def test_defaults_fill_nothing_in_a_shipped_config():
+    """The job defaults a partial config gets never reach a shipped experiment: each variant of
+    each config file already has every field of its job's defaults (so their runs are unchanged)."""
+    result = subprocess.run([sys.executable, "-c", SHIPPED_FILLS, str(ROOT)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    fills = json.loads(result.stdout.splitlines()[-1])
+    assert len(fills) >= 15 and "terminal_rsi.py:quick" in fills and "reterm.py:paper" in fills
+    assert {name: f for name, f in fills.items() if f} == {}
+
+
+def test_a_partial_config_gets_its_jobs_defaults(tmp_path):
+    """`job` and the fields it changes (issue 47): the rest comes from the job's default config,
+    the given values stay as given, and the stderr line names what was filled."""
+    (tmp_path / "partial.py").write_text(
+        "import ml_collections\n"
+        "def get_config():\n"
+        "    return ml_collections.ConfigDict({'job': 'evaluate', 'eval': {\n"
+        "        'policies': ('scripted',), 'tasks': ('ft-normalize-whitespace',), 'k': 1}})\n")
+    result = run_main(f"--config={tmp_path / 'partial.py'}", f"--workdir={tmp_path / 'run'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "from the evaluate job's defaults (experiments/evaluate.py)" in result.stderr
+    assert "eval.backend" in result.stderr
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["eval"]["k"] == 1 and config["eval"]["policies"] == ["scripted"]
+    assert config["eval"]["backend"] == "local" and config["seed"] == 0 and "pod" in config
+    report = json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert "scripted" in json.dumps(report)
