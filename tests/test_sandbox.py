@@ -79,7 +79,7 @@ def host_pids_with(token: str) -> list[int]:
 
 def wait_until(pred, timeout_s: float = 5.0) -> bool:
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline or cycles < 15:
+    while time.monotonic() < deadline:
         if pred():
             return True
         time.sleep(0.02)
